@@ -1,0 +1,128 @@
+"""The one small interface every backend implements, plus optional capabilities.
+
+A backend serves one source.  It hands out opaque *nodes* (what names a file
+on the server: an O_PATH fd, an NFS filehandle, an SMB path) and *files*
+(open handles).  The filesystem keys nodes by ``Stat.ino``, which must be
+stable and unique within the source.
+
+Capabilities are separate protocols, as in rclone: the copy planner asks
+``isinstance(backend, ServerCopy)`` instead of every backend carrying flags.
+A capability method raises ``NotSupported`` when it cannot serve *this*
+request (a range that is not aligned, two files on different filesystems),
+and the planner moves on to the next method.
+"""
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+class NotSupported(Exception):
+    """This capability cannot serve this request; try another method."""
+
+
+@dataclass(slots=True)
+class Stat:
+    ino: int
+    mode: int
+    nlink: int = 1
+    uid: int = 0
+    gid: int = 0
+    rdev: int = 0
+    size: int = 0
+    blocks: int = 0
+    blksize: int = 4096
+    atime_ns: int = 0
+    mtime_ns: int = 0
+    ctime_ns: int = 0
+
+
+@dataclass(slots=True)
+class FsStat:
+    blocks: int = 0
+    bfree: int = 0
+    bavail: int = 0
+    files: int = 0
+    ffree: int = 0
+    bsize: int = 4096
+    namelen: int = 255
+    frsize: int = 4096
+
+
+@dataclass(slots=True)
+class DirItem:
+    name: bytes
+    ino: int
+    type: int  # DT_* value
+
+
+class Backend:
+    """One source.  Errors are OSError with the errno a local filesystem would give."""
+
+    url: str
+
+    def shares_server_with(self, other: "Backend") -> bool:
+        """True if a server-side copy can run from this backend's files to ``other``'s."""
+        return other is self
+
+    async def root(self) -> tuple[object, Stat]: raise NotImplementedError
+    async def lookup(self, dir, name: bytes) -> tuple[object, Stat]: raise NotImplementedError
+    def forget(self, node) -> None: raise NotImplementedError
+    async def getattr(self, node, file=None) -> Stat: raise NotImplementedError
+
+    async def setattr(self, node, file=None, *, mode=None, uid=None, gid=None, size=None,
+                      atime_ns=None, mtime_ns=None) -> Stat:
+        raise NotImplementedError
+
+    async def readlink(self, node) -> bytes: raise NotImplementedError
+    async def mknod(self, dir, name, mode, rdev, owner) -> tuple[object, Stat]: raise NotImplementedError
+    async def mkdir(self, dir, name, mode, owner) -> tuple[object, Stat]: raise NotImplementedError
+    async def symlink(self, dir, name, target, owner) -> tuple[object, Stat]: raise NotImplementedError
+    async def link(self, node, dir, name) -> tuple[object, Stat]: raise NotImplementedError
+    async def unlink(self, dir, name) -> None: raise NotImplementedError
+    async def rmdir(self, dir, name) -> None: raise NotImplementedError
+    async def rename(self, dir, name, newdir, newname, flags) -> None: raise NotImplementedError
+    async def open(self, node, flags) -> object: raise NotImplementedError
+
+    async def create(self, dir, name, flags, mode, owner) -> tuple[object, Stat, object]:
+        raise NotImplementedError
+
+    async def read(self, file, offset, size) -> bytes: raise NotImplementedError
+    async def write(self, file, offset, data) -> int: raise NotImplementedError
+    async def fsync(self, file, datasync) -> None: raise NotImplementedError
+    async def release(self, file) -> None: raise NotImplementedError
+    async def listdir(self, node) -> list[DirItem]: raise NotImplementedError
+    async def statfs(self, node) -> FsStat: raise NotImplementedError
+    async def getxattr(self, node, name) -> bytes: raise NotImplementedError
+    async def setxattr(self, node, name, value, flags) -> None: raise NotImplementedError
+    async def listxattr(self, node) -> list[bytes]: raise NotImplementedError
+    async def removexattr(self, node, name) -> None: raise NotImplementedError
+    async def close(self) -> None: """Drop connections and handles at unmount."""
+
+
+@runtime_checkable
+class CloneRange(Protocol):
+    """Copy-on-write clone of a range; returns how much was cloned from the start of it."""
+    async def clone_range(self, src_file, src_offset, dst_file, dst_offset, length) -> int: ...
+
+
+@runtime_checkable
+class ServerCopy(Protocol):
+    """The server copies a range itself; may copy less than asked (the caller loops)."""
+    async def server_copy(self, src_file, src_offset, dst_file, dst_offset, length) -> int: ...
+
+
+@runtime_checkable
+class SeekData(Protocol):
+    """SEEK_DATA / SEEK_HOLE answered by the server."""
+    async def seek(self, file, offset, whence) -> int: ...
+
+
+@runtime_checkable
+class Allocate(Protocol):
+    """fallocate(2) modes: preallocate, punch hole, zero range."""
+    async def allocate(self, file, mode, offset, length) -> None: ...
+
+
+@runtime_checkable
+class Passthrough(Protocol):
+    """A local fd the kernel can read and write directly (FUSE passthrough)."""
+    def backing_fd(self, file) -> int: ...

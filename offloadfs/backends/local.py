@@ -1,0 +1,280 @@
+"""The local backend: a directory on this machine (the embedded default).
+
+Each node is an O_PATH descriptor, so renames of parents never stale it and
+no name is ever resolved twice.  Every name is resolved with O_NOFOLLOW
+relative to its parent's descriptor, so nothing the daemon does follows a
+symlink out of the source.  Plain reads and writes run inline (page-cache
+copies cost less than a thread hop); long copies run in worker threads in
+bounded chunks, so an interrupt is honoured between chunks.
+"""
+import ctypes
+import errno
+import fcntl
+import os
+import stat
+import struct
+from dataclasses import dataclass
+from urllib.parse import unquote, urlparse
+
+import trio
+
+from .base import Backend, DirItem, FsStat, NotSupported, Stat
+
+FICLONERANGE = 0x4020940D  # _IOW(0x94, 13, struct file_clone_range)
+AT_EMPTY_PATH = 0x1000
+AT_SYMLINK_NOFOLLOW = 0x100
+UTIME_OMIT = (1 << 30) - 2
+COPY_CHUNK = 256 << 20  # one worker-thread call of copy_file_range
+CLONE_CHUNK = 1 << 30  # one worker-thread call of FICLONERANGE
+# What means "this pair or range cannot be done this way", not "the copy failed".
+UNSUPPORTED = {errno.EXDEV, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ETXTBSY, errno.EBADF}
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+_libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+_libc.fchownat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_int]
+_libc.linkat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+_libc.utimensat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int]
+
+
+def _check(ret):
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+@dataclass(slots=True)
+class Node:
+    fd: int  # O_PATH
+    mode: int  # file type bits
+
+    @property
+    def proc(self):
+        """A path that reopens this inode without resolving any name again."""
+        return f"/proc/self/fd/{self.fd}"
+
+
+@dataclass(slots=True)
+class File:
+    fd: int
+
+
+def source_path(url):
+    """'/srv/x' or 'file:///srv/x' -> '/srv/x'."""
+    if url.startswith("file:"):
+        parsed = urlparse(url)
+        if parsed.netloc not in ("", "localhost"):
+            raise ValueError(f"{url}: file URLs name a local path (file:///path)")
+        return unquote(parsed.path)
+    return url
+
+
+class LocalBackend(Backend):
+    def __init__(self, url):
+        self.url = url
+        self.path = os.path.abspath(source_path(url))
+        self._root_fd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._root_dev = os.fstat(self._root_fd).st_dev
+
+    def shares_server_with(self, other):
+        # Every local file is on this host: the kernel decides per pair (EXDEV).
+        return isinstance(other, LocalBackend)
+
+    def _stat(self, st):
+        ino = st.st_ino
+        if st.st_dev != self._root_dev:
+            # Another filesystem mounted inside the source: fold its device in.
+            ino = (ino ^ (st.st_dev << 40)) & 0xFFFFFFFFFFFFFFFF
+        return Stat(ino=ino, mode=st.st_mode, nlink=st.st_nlink, uid=st.st_uid, gid=st.st_gid,
+                    rdev=st.st_rdev, size=st.st_size, blocks=st.st_blocks, blksize=st.st_blksize,
+                    atime_ns=st.st_atime_ns, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
+
+    def _node(self, dir, name):
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir.fd)
+        try:
+            st = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return Node(fd, stat.S_IFMT(st.st_mode)), self._stat(st)
+
+    async def root(self):
+        fd = os.dup(self._root_fd)
+        st = os.fstat(fd)
+        return Node(fd, stat.S_IFMT(st.st_mode)), self._stat(st)
+
+    async def lookup(self, dir, name):
+        return self._node(dir, name)
+
+    def forget(self, node):
+        os.close(node.fd)
+
+    async def getattr(self, node, file=None):
+        return self._stat(os.fstat(file.fd if file else node.fd))
+
+    async def setattr(self, node, file=None, *, mode=None, uid=None, gid=None, size=None,
+                      atime_ns=None, mtime_ns=None):
+        if mode is not None:
+            if stat.S_ISLNK(node.mode):
+                raise OSError(errno.EOPNOTSUPP, "symlinks have no mode")
+            os.chmod(node.proc, mode)
+        if uid is not None or gid is not None:
+            _check(_libc.fchownat(node.fd, b"", -1 if uid is None else uid, -1 if gid is None else gid,
+                                  AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW))
+        if size is not None:
+            if file is not None:
+                os.ftruncate(file.fd, size)
+            else:
+                os.truncate(node.proc, size)
+        if atime_ns is not None or mtime_ns is not None:
+            times = (ctypes.c_long * 4)(*divmod(atime_ns, 10**9) if atime_ns is not None else (0, UTIME_OMIT),
+                                        *divmod(mtime_ns, 10**9) if mtime_ns is not None else (0, UTIME_OMIT))
+            _check(_libc.utimensat(node.fd, b"", times, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW))
+        return await self.getattr(node, file)
+
+    async def readlink(self, node):
+        return os.readlink(b"", dir_fd=node.fd)
+
+    def _own(self, dir, name, owner):
+        """New entries belong to the caller, as on a local filesystem (the daemon runs as root)."""
+        if os.geteuid() == 0 and owner[0] != 0:
+            gid = owner[1]
+            if os.fstat(dir.fd).st_mode & stat.S_ISGID:
+                gid = -1  # a setgid directory already chose the group
+            os.chown(name, owner[0], gid, dir_fd=dir.fd, follow_symlinks=False)
+
+    async def mknod(self, dir, name, mode, rdev, owner):
+        os.mknod(name, mode, rdev, dir_fd=dir.fd)
+        self._own(dir, name, owner)
+        return self._node(dir, name)
+
+    async def mkdir(self, dir, name, mode, owner):
+        os.mkdir(name, mode, dir_fd=dir.fd)
+        self._own(dir, name, owner)
+        return self._node(dir, name)
+
+    async def symlink(self, dir, name, target, owner):
+        os.symlink(target, name, dir_fd=dir.fd)
+        self._own(dir, name, owner)
+        return self._node(dir, name)
+
+    async def link(self, node, dir, name):
+        _check(_libc.linkat(node.fd, b"", dir.fd, name, AT_EMPTY_PATH))
+        return self._node(dir, name)
+
+    async def unlink(self, dir, name):
+        os.unlink(name, dir_fd=dir.fd)
+
+    async def rmdir(self, dir, name):
+        os.rmdir(name, dir_fd=dir.fd)
+
+    async def rename(self, dir, name, newdir, newname, flags):
+        _check(_libc.renameat2(dir.fd, name, newdir.fd, newname, flags))
+
+    async def open(self, node, flags):
+        if stat.S_ISLNK(node.mode):
+            raise OSError(errno.ELOOP, "is a symlink")
+        return File(os.open(node.proc, (flags & ~(os.O_CREAT | os.O_EXCL | os.O_NOCTTY)) | os.O_CLOEXEC))
+
+    async def create(self, dir, name, flags, mode, owner):
+        fd = os.open(name, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir.fd)
+        try:
+            self._own(dir, name, owner)
+            node, st = self._node(dir, name)
+        except BaseException:
+            os.close(fd)
+            raise
+        return node, st, File(fd)
+
+    async def read(self, file, offset, size):
+        return os.pread(file.fd, size, offset)
+
+    async def write(self, file, offset, data):
+        return os.pwrite(file.fd, data, offset)
+
+    async def fsync(self, file, datasync):
+        await trio.to_thread.run_sync(os.fdatasync if datasync else os.fsync, file.fd)
+
+    async def release(self, file):
+        os.close(file.fd)
+
+    async def listdir(self, node):
+        fd = os.open(node.proc, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            with os.scandir(fd) as it:
+                return [DirItem(os.fsencode(e.name), e.inode(), _dtype(e)) for e in it]
+        finally:
+            os.close(fd)
+
+    async def statfs(self, node):
+        s = os.statvfs(node.proc)
+        return FsStat(blocks=s.f_blocks, bfree=s.f_bfree, bavail=s.f_bavail, files=s.f_files,
+                      ffree=s.f_ffree, bsize=s.f_bsize, namelen=s.f_namemax, frsize=s.f_frsize)
+
+    def _xattr_path(self, node):
+        if stat.S_ISLNK(node.mode):
+            raise OSError(errno.EOPNOTSUPP, "no xattrs on symlinks")
+        return node.proc
+
+    async def getxattr(self, node, name):
+        return os.getxattr(self._xattr_path(node), name)
+
+    async def setxattr(self, node, name, value, flags):
+        os.setxattr(self._xattr_path(node), name, value, flags)
+
+    async def listxattr(self, node):
+        if stat.S_ISLNK(node.mode):
+            return []
+        return [os.fsencode(n) for n in os.listxattr(node.proc)]
+
+    async def removexattr(self, node, name):
+        os.removexattr(self._xattr_path(node), name)
+
+    async def close(self):
+        os.close(self._root_fd)
+
+    # -- capabilities ---------------------------------------------------------
+
+    async def seek(self, file, offset, whence):
+        return os.lseek(file.fd, offset, whence)
+
+    async def allocate(self, file, mode, offset, length):
+        _check(_libc.fallocate(file.fd, mode, offset, length))
+
+    def backing_fd(self, file):
+        return file.fd
+
+    async def clone_range(self, src_file, src_offset, dst_file, dst_offset, length):
+        done = 0
+        while done < length:
+            n = min(CLONE_CHUNK, length - done)
+            arg = struct.pack("=qQQQ", src_file.fd, src_offset + done, n, dst_offset + done)
+            try:
+                await trio.to_thread.run_sync(fcntl.ioctl, dst_file.fd, FICLONERANGE, arg)
+            except OSError as e:
+                if e.errno not in UNSUPPORTED:
+                    raise
+                if done == 0:
+                    raise NotSupported(e.strerror) from None
+                break
+            done += n
+        return done
+
+    async def server_copy(self, src_file, src_offset, dst_file, dst_offset, length):
+        try:
+            return await trio.to_thread.run_sync(
+                os.copy_file_range, src_file.fd, dst_file.fd, min(length, COPY_CHUNK), src_offset, dst_offset)
+        except OSError as e:
+            if e.errno in UNSUPPORTED:
+                raise NotSupported(e.strerror) from None
+            raise
+
+
+def _dtype(entry):
+    if entry.is_symlink():
+        return 10  # DT_LNK
+    if entry.is_dir(follow_symlinks=False):
+        return 4  # DT_DIR
+    if entry.is_file(follow_symlinks=False):
+        return 8  # DT_REG
+    return 0  # DT_UNKNOWN: the kernel asks with a lookup

@@ -1,0 +1,65 @@
+"""The daemon: open the sources, mount, serve until unmounted, and unmount on signals."""
+import errno
+import logging
+import os
+import resource
+import signal
+
+import trio
+
+from .backends import open_backend
+from .filesystem import Filesystem
+from .fuse import mount as fusemount
+from .fuse.session import Session
+from .stats import Stats
+
+log = logging.getLogger(__name__)
+
+
+def raise_fd_limit():
+    """Every inode the kernel remembers holds a descriptor in the local backend."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+async def _unmount_on_signal(mountpoint):
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("%s: unmounting %s", signal.Signals(signum).name, mountpoint)
+            try:
+                fusemount.unmount(mountpoint)
+            except OSError as e:
+                if e.errno != errno.EBUSY:
+                    log.error("%s", e)
+                    continue
+                # Busy: detach now; open files keep being served until closed.
+                fusemount.unmount(mountpoint, lazy=True)
+
+
+async def serve(config, on_ready):
+    raise_fd_limit()
+    backends = {name: open_backend(url) for name, url in config.sources.items()}
+    stats = Stats(os.path.realpath(config.mountpoint), dict(config.sources))
+    fs = Filesystem(backends, config.fs, stats)
+    await fs.start()
+    fd = fusemount.mount(config.mountpoint, fsname=config.fsname, flags=config.flags,
+                         allow_other=config.allow_other, default_permissions=config.default_permissions)
+    session = Session(fd, fs, writeback_cache=config.writeback_cache, passthrough=config.passthrough,
+                      debug=config.debug)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_unmount_on_signal, config.mountpoint)
+            await session.serve(on_ready)
+            nursery.cancel_scope.cancel()
+    finally:
+        if fusemount.is_mounted(config.mountpoint):
+            fusemount.unmount(config.mountpoint, lazy=True)  # we failed: leave no dead mount behind
+        os.close(fd)
+        with trio.CancelScope(shield=True):
+            await fs.close()
+    log.info("unmounted %s", config.mountpoint)
+
+
+def run(config, on_ready):
+    trio.run(serve, config, on_ready)

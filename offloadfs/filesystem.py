@@ -1,0 +1,493 @@
+"""The filesystem: FUSE operations on inodes and handles, turned into backend calls.
+
+It owns the inode table (nodeid -> backend node, with the kernel's lookup
+count), the open handles, and a small attribute cache.  A mount holds one or
+more sources; with several, the root is a directory of their names, so
+that a copy between two servers still reaches us as one copy request.
+"""
+import dataclasses
+import errno
+import itertools
+import json
+import logging
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+
+import trio
+
+from .backends.base import Allocate, Passthrough, SeekData, Stat
+from .fuse.operations import NOW, DirEntry, Entry, Operations, Opened, StatFs
+from .planner import Endpoint, Planner
+
+log = logging.getLogger(__name__)
+
+ROOT = 1
+STATUS_XATTR = b"user.offloadfs.status"
+SEEK_DATA, SEEK_HOLE = 3, 4
+NAME_MAX = 255
+
+
+@dataclass
+class Options:
+    """What the filesystem layer takes from the mount options."""
+    ro: bool = False
+    uid: int | None = None
+    gid: int | None = None
+    umask: int | None = None
+    attr_timeout: float = 1.0
+    entry_timeout: float = 1.0
+    offload: bool = True
+
+
+@dataclass(slots=True)
+class Source:
+    name: str
+    backend: object
+    index: int
+
+
+@dataclass(slots=True)
+class Inode:
+    nodeid: int
+    source: Source | None  # None: the synthetic root of a multi-source mount
+    node: object
+    key: tuple
+    mode: int
+    lookups: int = 0
+    pinned: bool = False  # source roots live as long as the mount
+    stat: Stat | None = None
+    stat_expiry: float = 0.0
+
+
+@dataclass(slots=True)
+class Handle:
+    inode: Inode
+    file: object = None
+    listing: list = field(default_factory=list)  # directories: the snapshot readdir pages through
+
+
+def check_name(name):
+    """The kernel never sends these, but a name must never reach a backend that could escape with it."""
+    if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
+        raise OSError(errno.EINVAL, "invalid name")
+    if len(name) > NAME_MAX:
+        raise OSError(errno.ENAMETOOLONG, "name too long")
+
+
+class Filesystem(Operations):
+    def __init__(self, sources, options: Options, stats):
+        """``sources``: {name: backend}; one source is mounted at the root itself."""
+        self.options = options
+        self.stats = stats
+        self.planner = Planner(stats, options.offload)
+        self.sources = [Source(name, backend, i) for i, (name, backend) in enumerate(sources.items())]
+        self.multi = len(self.sources) > 1
+        self.inodes = {}
+        self.by_key = {}
+        self.handles = {}
+        self._nodeids = itertools.count(ROOT + 1)
+        self._fhs = itertools.count(1)
+        self.roots = {}  # source index -> its pinned root inode
+        self.passthrough = False
+        self.writeback = False
+
+    async def start(self):
+        """Open every source's root; runs before the mount so that bad sources fail the mount."""
+        for src in self.sources:
+            node, st = await src.backend.root()
+            if not stat.S_ISDIR(st.mode):
+                raise NotADirectoryError(errno.ENOTDIR, f"{src.backend.url}: not a directory")
+            if self.multi:
+                nodeid = next(self._nodeids)
+            else:
+                nodeid = ROOT
+            inode = Inode(nodeid, src, node, (src.index, st.ino), stat.S_IFMT(st.mode), pinned=True)
+            self._cache(inode, st)
+            self.inodes[nodeid] = inode
+            self.by_key[inode.key] = inode
+            self.roots[src.index] = inode
+        if self.multi:
+            self.inodes[ROOT] = Inode(ROOT, None, None, ("root",), stat.S_IFDIR, pinned=True)
+
+    # -- plumbing -------------------------------------------------------------
+
+    def init(self, conn):
+        self.passthrough = conn.passthrough
+        self.writeback = conn.writeback_cache
+
+    def _inode(self, nodeid):
+        try:
+            return self.inodes[nodeid]
+        except KeyError:
+            raise OSError(errno.ESTALE, "unknown node") from None
+
+    def _handle(self, fh):
+        try:
+            return self.handles[fh]
+        except KeyError:
+            raise OSError(errno.EBADF, "unknown handle") from None
+
+    def _dir(self, nodeid):
+        """A real directory of a source, for operations that change it."""
+        inode = self._inode(nodeid)
+        if inode.source is None:
+            raise OSError(errno.EPERM, "the root of a multi-source mount holds only the sources")
+        return inode
+
+    def _writable(self):
+        if self.options.ro:
+            raise OSError(errno.EROFS, "read-only mount")
+
+    def _ino_of(self, inode):
+        return ROOT if inode.source is None else self._ino(inode.source, inode.key[1])
+
+    def _ino(self, source, ino):
+        if not self.multi:
+            return ino
+        return (source.index + 1) << 56 | (ino & ((1 << 56) - 1))
+
+    def _attr(self, inode, st):
+        """What the kernel sees: our inode numbers, and the uid=/gid=/umask= options applied."""
+        o = self.options
+        changes = {"ino": self._ino(inode.source, st.ino)}
+        if o.uid is not None:
+            changes["uid"] = o.uid
+        if o.gid is not None:
+            changes["gid"] = o.gid
+        if o.umask is not None:
+            changes["mode"] = st.mode & ~o.umask
+        return dataclasses.replace(st, **changes)
+
+    def _cache(self, inode, st):
+        inode.stat = st
+        inode.stat_expiry = time.monotonic() + self.options.attr_timeout
+        return st
+
+    @staticmethod
+    def _stale(inode):
+        inode.stat_expiry = 0.0
+
+    def _entry(self, source, node, st):
+        """Hand one lookup reference to the kernel, reusing the nodeid of a known inode."""
+        key = (source.index, st.ino)
+        inode = self.by_key.get(key)
+        if inode is None:
+            inode = Inode(next(self._nodeids), source, node, key, stat.S_IFMT(st.mode))
+            self.inodes[inode.nodeid] = inode
+            self.by_key[key] = inode
+        elif node is not inode.node:
+            source.backend.forget(node)  # the same inode again: keep the node we have
+        inode.lookups += 1
+        self._cache(inode, st)
+        return Entry(inode.nodeid, self._attr(inode, st), self.options.entry_timeout, self.options.attr_timeout)
+
+    def forget(self, nodeid, nlookup):
+        inode = self.inodes.get(nodeid)
+        if inode is None:
+            return
+        inode.lookups -= nlookup
+        if inode.lookups <= 0 and not inode.pinned:
+            del self.inodes[nodeid]
+            self.by_key.pop(inode.key, None)
+            inode.source.backend.forget(inode.node)
+
+    @staticmethod
+    def _owner(ctx):
+        return (ctx.uid, ctx.gid)
+
+    # -- names ------------------------------------------------------------------
+
+    async def lookup(self, ctx, parent, name):
+        check_name(name)
+        inode = self._inode(parent)
+        if inode.source is None:
+            for src in self.sources:
+                if os.fsencode(src.name) == name:
+                    root = self.roots[src.index]
+                    root.lookups += 1
+                    st = await self._getattr(root, None)
+                    return Entry(root.nodeid, self._attr(root, st), self.options.entry_timeout,
+                                 self.options.attr_timeout)
+            raise OSError(errno.ENOENT, "no such source")
+        node, st = await inode.source.backend.lookup(inode.node, name)
+        return self._entry(inode.source, node, st)
+
+    async def _getattr(self, inode, file):
+        if inode.source is None:
+            return Stat(ino=ROOT, mode=stat.S_IFDIR | 0o755, nlink=2 + len(self.sources))
+        if inode.stat is not None and time.monotonic() < inode.stat_expiry:
+            return inode.stat
+        return self._cache(inode, await inode.source.backend.getattr(inode.node, file))
+
+    async def getattr(self, ctx, nodeid, fh):
+        inode = self._inode(nodeid)
+        file = self.handles[fh].file if fh in self.handles else None
+        st = await self._getattr(inode, file)
+        return self._attr(inode, st), self.options.attr_timeout
+
+    async def setattr(self, ctx, nodeid, ch):
+        self._writable()
+        inode = self._dir(nodeid)
+        file = self.handles[ch.fh].file if ch.fh in self.handles else None
+        mode = ch.mode
+        if ch.kill_suidgid and mode is None:
+            mode = await self._killed_mode(inode, file)
+        now = time.time_ns()
+        st = await inode.source.backend.setattr(
+            inode.node, file, mode=mode, uid=ch.uid, gid=ch.gid, size=ch.size,
+            atime_ns=now if ch.atime_ns == NOW else ch.atime_ns,
+            mtime_ns=now if ch.mtime_ns == NOW else ch.mtime_ns)
+        return self._attr(inode, self._cache(inode, st)), self.options.attr_timeout
+
+    async def _killed_mode(self, inode, file):
+        """The mode with setuid and group-executable setgid cleared, or None if nothing to clear."""
+        mode = (await inode.source.backend.getattr(inode.node, file)).mode
+        kill = stat.S_ISUID | (stat.S_ISGID if mode & stat.S_IXGRP else 0)
+        return stat.S_IMODE(mode & ~kill) if mode & kill else None
+
+    async def _kill_suidgid(self, inode, file):
+        mode = await self._killed_mode(inode, file)
+        if mode is not None:
+            await inode.source.backend.setattr(inode.node, file, mode=mode)
+            self._stale(inode)
+
+    async def readlink(self, ctx, nodeid):
+        inode = self._dir(nodeid)
+        return await inode.source.backend.readlink(inode.node)
+
+    async def _make(self, parent, name, call, *args):
+        self._writable()
+        check_name(name)
+        dir = self._dir(parent)
+        node, st = await call(dir.source.backend)(dir.node, name, *args)
+        self._stale(dir)
+        return self._entry(dir.source, node, st)
+
+    async def symlink(self, ctx, parent, name, target):
+        return await self._make(parent, name, lambda b: b.symlink, target, self._owner(ctx))
+
+    async def mknod(self, ctx, parent, name, mode, rdev):
+        return await self._make(parent, name, lambda b: b.mknod, mode, rdev, self._owner(ctx))
+
+    async def mkdir(self, ctx, parent, name, mode):
+        return await self._make(parent, name, lambda b: b.mkdir, mode, self._owner(ctx))
+
+    async def link(self, ctx, nodeid, newparent, newname):
+        self._writable()
+        check_name(newname)
+        inode = self._dir(nodeid)
+        dir = self._dir(newparent)
+        if dir.source is not inode.source:
+            raise OSError(errno.EXDEV, "hard links stay within one source")
+        node, st = await inode.source.backend.link(inode.node, dir.node, newname)
+        self._stale(dir)
+        return self._entry(dir.source, node, st)
+
+    async def _remove(self, parent, name, rmdir):
+        self._writable()
+        check_name(name)
+        dir = self._dir(parent)
+        backend = dir.source.backend
+        await (backend.rmdir if rmdir else backend.unlink)(dir.node, name)
+        self._stale(dir)
+
+    async def unlink(self, ctx, parent, name):
+        await self._remove(parent, name, False)
+
+    async def rmdir(self, ctx, parent, name):
+        await self._remove(parent, name, True)
+
+    async def rename(self, ctx, parent, name, newparent, newname, flags):
+        self._writable()
+        check_name(name)
+        check_name(newname)
+        old, new = self._dir(parent), self._dir(newparent)
+        if old.source is not new.source:
+            raise OSError(errno.EXDEV, "rename across sources")  # mv then copies, through us
+        await old.source.backend.rename(old.node, name, new.node, newname, flags)
+        self._stale(old)
+        self._stale(new)
+
+    # -- files ------------------------------------------------------------------
+
+    def _open_flags(self, flags):
+        flags &= ~getattr(os, "O_DIRECT", 0)  # page cache alignment rules are the kernel's business here
+        if self.writeback:
+            # The kernel's writeback cache reads pages of write-only files and appends itself.
+            flags &= ~os.O_APPEND
+            if flags & os.O_ACCMODE == os.O_WRONLY:
+                flags = (flags & ~os.O_ACCMODE) | os.O_RDWR
+        if self.options.ro and flags & os.O_ACCMODE != os.O_RDONLY:
+            raise OSError(errno.EROFS, "read-only mount")
+        return flags
+
+    def _opened(self, inode, file):
+        fh = next(self._fhs)
+        self.handles[fh] = Handle(inode, file)
+        backend = inode.source.backend
+        backing = backend.backing_fd(file) if self.passthrough and isinstance(backend, Passthrough) else None
+        return Opened(fh, backing_fd=backing)
+
+    async def open(self, ctx, nodeid, flags, kill_suidgid):
+        inode = self._dir(nodeid)
+        file = await inode.source.backend.open(inode.node, self._open_flags(flags))
+        if flags & os.O_TRUNC:
+            self._stale(inode)
+            if kill_suidgid:
+                await self._kill_suidgid(inode, file)
+        return self._opened(inode, file)
+
+    async def create(self, ctx, parent, name, mode, flags):
+        self._writable()
+        check_name(name)
+        dir = self._dir(parent)
+        node, st, file = await dir.source.backend.create(dir.node, name, self._open_flags(flags), mode,
+                                                         self._owner(ctx))
+        self._stale(dir)
+        entry = self._entry(dir.source, node, st)
+        return entry, self._opened(self.inodes[entry.nodeid], file)
+
+    async def read(self, ctx, nodeid, fh, offset, size):
+        h = self._handle(fh)
+        data = await h.inode.source.backend.read(h.file, offset, size)
+        self.stats.fuse_read_bytes += len(data)
+        return data
+
+    async def write(self, ctx, nodeid, fh, offset, data, kill_suidgid):
+        h = self._handle(fh)
+        n = await h.inode.source.backend.write(h.file, offset, data)
+        self.stats.fuse_write_bytes += n
+        self._stale(h.inode)
+        if kill_suidgid:
+            await self._kill_suidgid(h.inode, h.file)
+        return n
+
+    async def flush(self, ctx, nodeid, fh):
+        self._handle(fh)
+
+    async def fsync(self, ctx, nodeid, fh, datasync):
+        h = self._handle(fh)
+        await h.inode.source.backend.fsync(h.file, datasync)
+
+    async def release(self, ctx, nodeid, fh):
+        h = self.handles.pop(fh, None)
+        if h is not None:
+            self._stale(h.inode)
+            await h.inode.source.backend.release(h.file)
+
+    async def lseek(self, ctx, nodeid, fh, offset, whence):
+        h = self._handle(fh)
+        backend = h.inode.source.backend
+        if isinstance(backend, SeekData):
+            return await backend.seek(h.file, offset, whence)
+        size = (await backend.getattr(h.inode.node, h.file)).size
+        if offset >= size:
+            raise OSError(errno.ENXIO, "past end of file")
+        return offset if whence == SEEK_DATA else size  # no hole information: all data
+
+    async def fallocate(self, ctx, nodeid, fh, offset, length, mode):
+        self._writable()
+        h = self._handle(fh)
+        backend = h.inode.source.backend
+        if not isinstance(backend, Allocate):
+            raise OSError(errno.EOPNOTSUPP, "the server cannot allocate")
+        await backend.allocate(h.file, mode, offset, length)
+        self._stale(h.inode)
+
+    async def copy_file_range(self, ctx, nodeid_in, fh_in, off_in, nodeid_out, fh_out, off_out, length, flags):
+        self._writable()
+        if flags:
+            raise OSError(errno.EINVAL, "copy_file_range takes no flags")
+        src, dst = self._handle(fh_in), self._handle(fh_out)
+        n = await self.planner.copy(self._endpoint(src), off_in, self._endpoint(dst), off_out, length)
+        self._stale(dst.inode)
+        return n
+
+    def _endpoint(self, h):
+        return Endpoint(h.inode.source.backend, h.inode.node, h.file,
+                        f"{h.inode.source.name}:{h.inode.nodeid}")
+
+    # -- directories --------------------------------------------------------------
+
+    async def opendir(self, ctx, nodeid, flags):
+        inode = self._inode(nodeid)
+        fh = next(self._fhs)
+        self.handles[fh] = Handle(inode)
+        return Opened(fh)
+
+    async def readdir(self, ctx, nodeid, fh, offset):
+        h = self._handle(fh)
+        if offset == 0:
+            h.listing = await self._listing(h.inode)
+        return [DirEntry(name, ino, dtype, i + 1) for i, (name, ino, dtype) in
+                enumerate(h.listing[offset:], start=offset)]
+
+    async def _listing(self, inode):
+        dots = [(b".", self._ino_of(inode), 4), (b"..", ROOT, 4)]  # d_ino 0 would hide ".."
+        if inode.source is None:
+            return dots + [(os.fsencode(s.name), self._ino_of(self.roots[s.index]), 4) for s in self.sources]
+        items = await inode.source.backend.listdir(inode.node)
+        return dots + [(i.name, self._ino(inode.source, i.ino), i.type) for i in items]
+
+    async def releasedir(self, ctx, nodeid, fh):
+        self.handles.pop(fh, None)
+
+    async def fsyncdir(self, ctx, nodeid, fh, datasync):
+        self._handle(fh)
+
+    # -- the rest ------------------------------------------------------------------
+
+    async def statfs(self, ctx, nodeid):
+        inode = self._inode(nodeid)
+        if inode.source is None:
+            inode = self.roots[0]  # the synthetic root reports the first source
+        s = await inode.source.backend.statfs(inode.node)
+        return StatFs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize)
+
+    async def access(self, ctx, nodeid, mask):
+        inode = self._inode(nodeid)
+        st = self._attr(inode, await self._getattr(inode, None))
+        if mask & os.W_OK and self.options.ro:
+            raise OSError(errno.EROFS, "read-only mount")
+        if ctx.uid == 0:
+            if mask & os.X_OK and not (st.mode & 0o111 or stat.S_ISDIR(st.mode)):
+                raise OSError(errno.EACCES, "permission denied")
+            return
+        shift = 6 if ctx.uid == st.uid else 3 if ctx.gid == st.gid else 0
+        if (st.mode >> shift) & mask != mask:
+            raise OSError(errno.EACCES, "permission denied")
+
+    async def getxattr(self, ctx, nodeid, name):
+        if nodeid == ROOT and name == STATUS_XATTR:
+            return json.dumps(self.stats.snapshot()).encode()
+        inode = self._dir(nodeid)
+        return await inode.source.backend.getxattr(inode.node, name)
+
+    async def setxattr(self, ctx, nodeid, name, value, flags):
+        self._writable()
+        inode = self._dir(nodeid)
+        await inode.source.backend.setxattr(inode.node, name, value, flags)
+        self._stale(inode)
+
+    async def listxattr(self, ctx, nodeid):
+        inode = self._inode(nodeid)
+        if inode.source is None:
+            return []
+        return await inode.source.backend.listxattr(inode.node)
+
+    async def removexattr(self, ctx, nodeid, name):
+        self._writable()
+        inode = self._dir(nodeid)
+        await inode.source.backend.removexattr(inode.node, name)
+        self._stale(inode)
+
+    async def close(self):
+        for h in list(self.handles.values()):
+            if h.file is not None:
+                with trio.CancelScope(shield=True):
+                    await h.inode.source.backend.release(h.file)
+        self.handles.clear()
+        for src in self.sources:
+            await src.backend.close()

@@ -1,0 +1,137 @@
+"""What the protocol layer asks of a filesystem, in plain Python types.
+
+The session decodes each kernel request into a call on an ``Operations``
+object and encodes what it returns.  Errors travel as ``OSError`` with an
+errno.  Every operation the kernel may send has a default here, so a
+filesystem overrides only what it implements and the rest answers ENOSYS
+(or, for ioctl, ENOTTY, which is what callers probing a tty expect).
+"""
+import errno
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Ctx:
+    """The caller of one request, as the kernel reports it."""
+    uid: int
+    gid: int
+    pid: int
+
+
+@dataclass(slots=True)
+class Entry:
+    """A name resolved to a node; each one handed to the kernel is a lookup it will forget."""
+    nodeid: int
+    attr: object  # anything with the fields of struct fuse_attr: see session.pack_attr
+    entry_timeout: float = 1.0
+    attr_timeout: float = 1.0
+    generation: int = 0
+
+
+@dataclass(slots=True)
+class Opened:
+    """The answer to open/create/opendir."""
+    fh: int
+    direct_io: bool = False
+    keep_cache: bool = False
+    backing_fd: int | None = None  # a file to hand to FUSE passthrough
+
+
+@dataclass(slots=True)
+class DirEntry:
+    """One readdir record; ``next_offset`` is the cookie that resumes after it."""
+    name: bytes
+    ino: int
+    type: int  # DT_* value
+    next_offset: int
+
+
+@dataclass(slots=True)
+class StatFs:
+    blocks: int = 0
+    bfree: int = 0
+    bavail: int = 0
+    files: int = 0
+    ffree: int = 0
+    bsize: int = 4096
+    namelen: int = 255
+    frsize: int = 4096
+
+
+@dataclass(slots=True)
+class SetAttr:
+    """The changes of one SETATTR; None means unchanged.  Times are ns; NOW is -1."""
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    size: int | None = None
+    atime_ns: int | None = None
+    mtime_ns: int | None = None
+    fh: int | None = None
+    kill_suidgid: bool = False
+
+
+NOW = -1
+
+
+@dataclass(slots=True)
+class ConnInfo:
+    """What INIT settled: the filesystem may read it; the session owns it."""
+    minor: int
+    max_write: int
+    writeback_cache: bool
+    passthrough: bool
+    extra: dict = field(default_factory=dict)
+
+
+def _nosys(*_args, **_kwargs):
+    raise OSError(errno.ENOSYS, "not implemented")
+
+
+class Operations:
+    """Override the operations you implement.  All are coroutines except forget."""
+
+    def init(self, conn: ConnInfo) -> None:
+        """Called once INIT is negotiated, before any other request is served."""
+
+    def destroy(self) -> None:
+        """Called on DESTROY or when the connection ends."""
+
+    def forget(self, nodeid: int, nlookup: int) -> None:
+        """The kernel dropped ``nlookup`` references to ``nodeid``."""
+
+    async def lookup(self, ctx, parent, name) -> Entry: _nosys()
+    async def getattr(self, ctx, nodeid, fh) -> tuple[object, float]: _nosys()
+    async def setattr(self, ctx, nodeid, changes: SetAttr) -> tuple[object, float]: _nosys()
+    async def readlink(self, ctx, nodeid) -> bytes: _nosys()
+    async def symlink(self, ctx, parent, name, target) -> Entry: _nosys()
+    async def mknod(self, ctx, parent, name, mode, rdev) -> Entry: _nosys()
+    async def mkdir(self, ctx, parent, name, mode) -> Entry: _nosys()
+    async def unlink(self, ctx, parent, name) -> None: _nosys()
+    async def rmdir(self, ctx, parent, name) -> None: _nosys()
+    async def rename(self, ctx, parent, name, newparent, newname, flags) -> None: _nosys()
+    async def link(self, ctx, nodeid, newparent, newname) -> Entry: _nosys()
+    async def open(self, ctx, nodeid, flags, kill_suidgid) -> Opened: _nosys()
+    async def create(self, ctx, parent, name, mode, flags) -> tuple[Entry, Opened]: _nosys()
+    async def read(self, ctx, nodeid, fh, offset, size) -> bytes: _nosys()
+    async def write(self, ctx, nodeid, fh, offset, data, kill_suidgid) -> int: _nosys()
+    async def flush(self, ctx, nodeid, fh) -> None: _nosys()
+    async def release(self, ctx, nodeid, fh) -> None: _nosys()
+    async def fsync(self, ctx, nodeid, fh, datasync) -> None: _nosys()
+    async def opendir(self, ctx, nodeid, flags) -> Opened: _nosys()
+    async def readdir(self, ctx, nodeid, fh, offset) -> list[DirEntry]: _nosys()
+    async def releasedir(self, ctx, nodeid, fh) -> None: _nosys()
+    async def fsyncdir(self, ctx, nodeid, fh, datasync) -> None: _nosys()
+    async def statfs(self, ctx, nodeid) -> StatFs: _nosys()
+    async def access(self, ctx, nodeid, mask) -> None: _nosys()
+    async def setxattr(self, ctx, nodeid, name, value, flags) -> None: _nosys()
+    async def getxattr(self, ctx, nodeid, name) -> bytes: _nosys()
+    async def listxattr(self, ctx, nodeid) -> list[bytes]: _nosys()
+    async def removexattr(self, ctx, nodeid, name) -> None: _nosys()
+    async def lseek(self, ctx, nodeid, fh, offset, whence) -> int: _nosys()
+    async def fallocate(self, ctx, nodeid, fh, offset, length, mode) -> None: _nosys()
+
+    async def copy_file_range(self, ctx, nodeid_in, fh_in, off_in,
+                              nodeid_out, fh_out, off_out, length, flags) -> int:
+        _nosys()
+

@@ -1,0 +1,131 @@
+"""Mount options: parse `-o a,b=c` (and an optional config file) into one MountConfig.
+
+Everything a user can get wrong is checked here, before the daemon forks, so
+that a bad option is one clear line on stderr and nothing gets mounted.
+"""
+import tomllib
+from dataclasses import dataclass, field
+
+from .filesystem import Options
+from .fuse.mount import FLAG_OPTIONS, MS_RDONLY
+
+# Options mount(8), fstab and systemd pass along that mean nothing to us.
+IGNORED = {"defaults", "auto", "noauto", "nofail", "_netdev", "user", "users", "nouser", "owner",
+           "group", "rw", "suid", "dev", "exec", "async", "atime", "relatime", "strictatime",
+           "diratime", "loud", "silent"}
+IGNORED_PREFIXES = ("x-", "comment=")
+
+
+class OptionError(ValueError):
+    """A mount option or source is wrong; the message is meant for the user."""
+
+
+@dataclass
+class MountConfig:
+    mountpoint: str
+    sources: dict = field(default_factory=dict)  # name -> source URL or path
+    flags: int = 0
+    allow_other: bool = False
+    default_permissions: bool = False
+    debug: bool = False
+    passthrough: bool = False
+    writeback_cache: bool = False
+    fs: Options = field(default_factory=Options)
+
+    @property
+    def fsname(self):
+        return ",".join(self.sources.values()) if len(self.sources) == 1 else "offloadfs"
+
+
+def _int(name, value, base=10):
+    try:
+        n = int(value, base)
+    except ValueError:
+        raise OptionError(f"option {name}={value}: not a number") from None
+    if n < 0:
+        raise OptionError(f"option {name}={value}: must not be negative")
+    return n
+
+
+def _seconds(name, value):
+    try:
+        t = float(value)
+    except ValueError:
+        raise OptionError(f"option {name}={value}: not a number of seconds") from None
+    if not 0 <= t <= 86400:
+        raise OptionError(f"option {name}={value}: must be between 0 and 86400 seconds")
+    return t
+
+
+def _add_source(config, name, url):
+    if not name or "/" in name or name in (".", "..") or "\0" in name:
+        raise OptionError(f"source name {name!r}: must be a plain directory name")
+    if not url:
+        raise OptionError(f"source {name}: no path or URL given")
+    if name in config.sources:
+        raise OptionError(f"source {name}: given twice")
+    config.sources[name] = url
+
+
+def read_config_file(config, path):
+    """A TOML file with a [sources] table: name = "path or URL"."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise OptionError(f"config {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise OptionError(f"config {path}: {e}") from None
+    sources = data.get("sources")
+    if not isinstance(sources, dict) or not sources:
+        raise OptionError(f"config {path}: needs a [sources] table with name = \"path or URL\" lines")
+    unknown = set(data) - {"sources"}
+    if unknown:
+        raise OptionError(f"config {path}: unknown table {sorted(unknown)[0]!r}")
+    for name, url in sources.items():
+        if not isinstance(url, str):
+            raise OptionError(f"config {path}: source {name} must be a string")
+        _add_source(config, name, url)
+
+
+def parse(mountpoint, source, option_strings):
+    """Build a MountConfig from the positional SOURCE (or None) and the -o strings."""
+    config = MountConfig(mountpoint=mountpoint)
+    fs = config.fs
+    for opt in (o for s in option_strings for o in s.split(",") if o):
+        name, eq, value = opt.partition("=")
+        if opt in IGNORED or opt.startswith(IGNORED_PREFIXES):
+            continue
+        if name in FLAG_OPTIONS and not eq:
+            config.flags |= FLAG_OPTIONS[name]
+            fs.ro = fs.ro or name == "ro"
+        elif name in ("allow_other", "default_permissions", "debug", "passthrough", "writeback_cache") and not eq:
+            setattr(config, name, True)
+        elif name in ("uid", "gid") and eq:
+            setattr(fs, name, _int(name, value))
+        elif name == "umask" and eq:
+            fs.umask = _int(name, value, 8) & 0o777
+        elif name in ("attr_timeout", "entry_timeout") and eq:
+            setattr(fs, name, _seconds(name, value))
+        elif name == "offload" and value in ("on", "off"):
+            fs.offload = value == "on"
+        elif name == "source" and eq:
+            src_name, _, url = value.partition("=")
+            _add_source(config, src_name, url)
+        elif name == "config" and eq:
+            read_config_file(config, value)
+        elif name == "offload":
+            raise OptionError(f"option {opt}: use offload=on or offload=off")
+        else:
+            raise OptionError(f"unknown mount option '{opt}'")
+    if source is not None:
+        if config.sources:
+            raise OptionError("give either SOURCE or source=/config= options, not both")
+        config.sources["source"] = source
+    if not config.sources:
+        raise OptionError("no source: give SOURCE, or -o source=NAME=SOURCE or -o config=FILE")
+    if config.passthrough and config.writeback_cache:
+        raise OptionError("passthrough and writeback_cache exclude each other")
+    if config.flags & MS_RDONLY:
+        fs.ro = True
+    return config

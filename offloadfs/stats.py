@@ -1,0 +1,77 @@
+"""Counters since mount and the copies in flight: what `offloadfs status` shows.
+
+The JSON produced by ``Stats.snapshot`` is a documented interface (README,
+"Status"): add keys, never rename or remove them.
+"""
+import itertools
+import os
+import time
+from dataclasses import dataclass
+
+METHODS = ("clone", "server_copy", "inter_server_copy", "stream")
+
+
+@dataclass(slots=True)
+class Copy:
+    """One copy request in flight; ``method`` is the method moving its bytes now."""
+    id: int
+    source: str
+    destination: str
+    bytes_total: int
+    method: str = "stream"
+    bytes_done: int = 0
+    started: float = 0.0
+
+
+class Stats:
+    def __init__(self, mountpoint, sources):
+        self.mountpoint = mountpoint
+        self.sources = sources
+        self.since = time.time()
+        self.copies = dict.fromkeys(METHODS, 0)
+        self.copy_bytes = dict.fromkeys(METHODS, 0)
+        self.copy_requests = 0
+        self.copy_errors = 0
+        self.fuse_read_bytes = 0
+        self.fuse_write_bytes = 0
+        self.in_flight = {}
+        self._ids = itertools.count(1)
+
+    def start_copy(self, source, destination, total):
+        self.copy_requests += 1
+        copy = Copy(next(self._ids), source, destination, total, started=time.time())
+        self.in_flight[copy.id] = copy
+        return copy
+
+    def moved(self, copy, method, nbytes, first):
+        """``nbytes`` more of ``copy`` moved by ``method``; ``first`` counts the copy once per method."""
+        copy.method = method
+        copy.bytes_done += nbytes
+        self.copy_bytes[method] += nbytes
+        if first:
+            self.copies[method] += 1
+
+    def end_copy(self, copy, failed):
+        del self.in_flight[copy.id]
+        if failed:
+            self.copy_errors += 1
+
+    def snapshot(self):
+        return {
+            "pid": os.getpid(),
+            "mountpoint": self.mountpoint,
+            "sources": self.sources,
+            "since": self.since,
+            "copies_in_flight": [
+                {"id": c.id, "method": c.method, "source": c.source, "destination": c.destination,
+                 "bytes_done": c.bytes_done, "bytes_total": c.bytes_total, "started": c.started}
+                for c in self.in_flight.values()],
+            "counters": {
+                "copies": dict(self.copies),
+                "copy_bytes": dict(self.copy_bytes),
+                "copy_requests": self.copy_requests,
+                "copy_errors": self.copy_errors,
+                "fuse_read_bytes": self.fuse_read_bytes,
+                "fuse_write_bytes": self.fuse_write_bytes,
+            },
+        }
