@@ -174,7 +174,9 @@ class LocalBackend(Backend):
     async def open(self, node, flags):
         if stat.S_ISLNK(node.mode):
             raise OSError(errno.ELOOP, "is a symlink")
-        return File(os.open(node.proc, (flags & ~(os.O_CREAT | os.O_EXCL | os.O_NOCTTY)) | os.O_CLOEXEC))
+        # The kernel resolved the name already; O_NOFOLLOW would trip over the /proc magic link.
+        flags &= ~(os.O_CREAT | os.O_EXCL | os.O_NOCTTY | os.O_NOFOLLOW)
+        return File(os.open(node.proc, flags | os.O_CLOEXEC))
 
     async def create(self, dir, name, flags, mode, owner):
         fd = os.open(name, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir.fd)
