@@ -39,7 +39,7 @@ async def _unmount_on_signal(mountpoint):
 
 async def serve(config, on_ready):
     raise_fd_limit()
-    backends = {name: open_backend(url) for name, url in config.sources.items()}
+    backends = {name: open_backend(url, config.backend_options) for name, url in config.sources.items()}
     stats = Stats(os.path.realpath(config.mountpoint), dict(config.sources))
     fs = Filesystem(backends, config.fs, stats)
     await fs.start()

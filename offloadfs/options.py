@@ -6,6 +6,7 @@ that a bad option is one clear line on stderr and nothing gets mounted.
 import tomllib
 from dataclasses import dataclass, field
 
+from .backends import option_names
 from .filesystem import Options
 from .fuse.mount import FLAG_OPTIONS, MS_RDONLY
 
@@ -31,6 +32,7 @@ class MountConfig:
     passthrough: bool = False
     writeback_cache: bool = False
     fs: Options = field(default_factory=Options)
+    backend_options: dict = field(default_factory=dict)  # name -> value, or True for a flag
 
     @property
     def fsname(self):
@@ -92,6 +94,7 @@ def parse(mountpoint, source, option_strings):
     """Build a MountConfig from the positional SOURCE (or None) and the -o strings."""
     config = MountConfig(mountpoint=mountpoint)
     fs = config.fs
+    backend_options = option_names()
     for opt in (o for s in option_strings for o in s.split(",") if o):
         name, eq, value = opt.partition("=")
         if opt in IGNORED or opt.startswith(IGNORED_PREFIXES):
@@ -116,6 +119,8 @@ def parse(mountpoint, source, option_strings):
             read_config_file(config, value)
         elif name == "offload":
             raise OptionError(f"option {opt}: use offload=on or offload=off")
+        elif name in backend_options:
+            config.backend_options[name] = value if eq else True
         else:
             raise OptionError(f"unknown mount option '{opt}'")
     if source is not None:

@@ -1,21 +1,51 @@
-"""Backends: one module per protocol behind the interface in base.py."""
+"""Backends: one module or package per protocol behind the interface in base.py.
+
+A source URL's scheme picks the backend.  Each backend class lists the mount
+options it takes in ``OPTIONS``; the option parser accepts those names and
+passes their values to every backend of the mount.
+"""
+import importlib
+
 from .base import Backend
+
+# scheme -> (module, class); modules load on first use so one protocol's
+# dependencies never stand in the way of another's.
+SCHEMES = {
+    "file": ("offloadfs.backends.local", "LocalBackend"),
+}
 
 
 class SourceError(Exception):
     """A source cannot be opened; the message is meant for the user."""
 
 
-def open_backend(url) -> Backend:
-    """The backend serving ``url``: a path or file:// URL (smb:// and nfs:// come with their backends)."""
-    scheme = url.split("://", 1)[0].lower() if "://" in url else "file"
-    if scheme != "file":
-        raise SourceError(f"source {url}: unsupported scheme {scheme}:// (supported: a path or file:///path)")
-    from .local import LocalBackend
+def scheme_of(url):
+    return url.split("://", 1)[0].lower() if "://" in url else "file"
+
+
+def backend_class(scheme):
     try:
-        return LocalBackend(url)
+        module, name = SCHEMES[scheme]
+    except KeyError:
+        supported = ", ".join(f"{s}://" for s in SCHEMES)
+        raise SourceError(f"unsupported scheme {scheme}:// (supported: a path, {supported})") from None
+    return getattr(importlib.import_module(module), name)
+
+
+def option_names():
+    """Every mount option some backend takes."""
+    return set().union(*(backend_class(s).OPTIONS for s in SCHEMES))
+
+
+def open_backend(url, options) -> Backend:
+    """The backend serving ``url``, given the backend options of the mount ({name: value or True})."""
+    cls = backend_class(scheme_of(url))
+    try:
+        return cls(url, {k: v for k, v in options.items() if k in cls.OPTIONS})
+    except SourceError:
+        raise
     except ValueError as e:
-        raise SourceError(f"source {e}") from None
+        raise SourceError(f"source {url}: {e}") from None
     except FileNotFoundError:
         raise SourceError(f"source {url}: no such directory") from None
     except NotADirectoryError:

@@ -55,9 +55,14 @@ class DirItem:
 
 
 class Backend:
-    """One source.  Errors are OSError with the errno a local filesystem would give."""
+    """One source.  Errors are OSError with the errno a local filesystem would give.
+
+    ``__init__(url, options)`` only checks its arguments; ``root()`` connects,
+    and runs before the mount is made, so a bad source fails the mount.
+    """
 
     url: str
+    OPTIONS: frozenset = frozenset()  # the mount options this backend takes
 
     def shares_server_with(self, other: "Backend") -> bool:
         """True if a server-side copy can run from this backend's files to ``other``'s."""

@@ -64,13 +64,15 @@ def source_path(url):
     if url.startswith("file:"):
         parsed = urlparse(url)
         if parsed.netloc not in ("", "localhost"):
-            raise ValueError(f"{url}: file URLs name a local path (file:///path)")
+            raise ValueError("file URLs name a local path (file:///path)")
         return unquote(parsed.path)
     return url
 
 
 class LocalBackend(Backend):
-    def __init__(self, url):
+    OPTIONS = frozenset()
+
+    def __init__(self, url, options):
         self.url = url
         self.path = os.path.abspath(source_path(url))
         self._root_fd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
