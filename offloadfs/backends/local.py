@@ -24,7 +24,7 @@ FICLONERANGE = 0x4020940D  # _IOW(0x94, 13, struct file_clone_range)
 AT_EMPTY_PATH = 0x1000
 AT_SYMLINK_NOFOLLOW = 0x100
 UTIME_OMIT = (1 << 30) - 2
-COPY_CHUNK = 256 << 20  # one worker-thread call of copy_file_range
+COPY_CHUNK = 64 << 20  # one worker-thread call of copy_file_range: an interrupt waits for at most one
 CLONE_CHUNK = 1 << 30  # one worker-thread call of FICLONERANGE
 # What means "this pair or range cannot be done this way", not "the copy failed".
 UNSUPPORTED = {errno.EXDEV, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ETXTBSY, errno.EBADF}

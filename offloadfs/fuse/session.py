@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 MAX_WRITE = 1 << 20
 MAX_PAGES = 256
 MAX_BACKGROUND = 64
+READ_BUFFER = max(abi.MIN_READ_BUFFER, MAX_WRITE + 4096)  # the largest WRITE and its headers
 # Copies arriving as opcode 47 answer in a u32; the kernel never asks for more.
 MAX_COPY_32 = 0xFFFFF000
 
@@ -78,42 +79,48 @@ class Session:
     # -- the loop -------------------------------------------------------
 
     async def serve(self, on_ready=None):
-        """Serve until the filesystem is unmounted.  ``on_ready`` runs after INIT."""
-        bufsize = max(abi.MIN_READ_BUFFER, MAX_WRITE + 4096)
+        """Negotiate INIT, then serve until unmounted.  ``on_ready`` runs once INIT is answered."""
         try:
+            buf = await self._next_request()
+            if buf is None:
+                return
+            _, opcode, unique = abi.in_header.unpack_from(buf)[:3]
+            if opcode != abi.INIT:
+                raise ProtocolError("the kernel's first request was not INIT")
+            self._init(unique, buf[abi.in_header.size:])
+            if on_ready is not None:
+                on_ready()
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                while True:
-                    try:
-                        buf = os.read(self.fd, bufsize)
-                    except BlockingIOError:
-                        await trio.lowlevel.wait_readable(self.fd)
-                        continue
-                    except OSError as e:
-                        if e.errno in (errno.ENOENT, errno.EINTR):
-                            continue  # a request interrupted before we read it
-                        if e.errno == errno.ENODEV:
-                            break  # unmounted
-                        raise
-                    if not self._dispatch(buf, on_ready):
-                        break
+                while (buf := await self._next_request()) is not None and self._dispatch(buf):
                     await trio.lowlevel.checkpoint()
                 nursery.cancel_scope.cancel()
         finally:
             self.ops.destroy()
 
-    def _dispatch(self, buf, on_ready):
+    async def _next_request(self):
+        """The next request, or None once the filesystem is unmounted."""
+        while True:
+            try:
+                buf = os.read(self.fd, READ_BUFFER)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(self.fd)
+                continue
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.EINTR):
+                    continue  # a request interrupted before we read it
+                if e.errno == errno.ENODEV:
+                    return None
+                raise
+            return buf or None
+
+    def _dispatch(self, buf):
         length, opcode, unique, nodeid, uid, gid, pid, extlen, _ = abi.in_header.unpack_from(buf)
         start = abi.in_header.size + extlen * 8
         # Only WRITE carries bulk data; a view spares copying it, names need bytes.
         body = memoryview(buf)[start:length] if opcode == abi.WRITE else buf[start:length]
         if self.debug:
             log.debug("<- %s unique=%d node=%d len=%d", OPCODE_NAMES.get(opcode, opcode), unique, nodeid, length)
-        if opcode == abi.INIT:
-            self._init(unique, body)
-            if on_ready is not None:
-                on_ready()
-            return True
         if opcode == abi.FORGET:
             self.ops.forget(nodeid, abi.forget_in.unpack_from(body)[0])
             return True

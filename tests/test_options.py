@@ -1,0 +1,41 @@
+import pytest
+
+from offloadfs.options import OptionError, parse
+
+
+def test_defaults_and_flags():
+    c = parse("/mnt", "/srv", ["ro,allow_other,uid=1000,umask=022,noauto,_netdev,x-systemd.automount"])
+    assert c.sources == {"source": "/srv"}
+    assert c.fs.ro and c.allow_other and c.fs.uid == 1000 and c.fs.umask == 0o22
+    assert c.fs.offload
+
+
+def test_sources_from_options_and_config(tmp_path):
+    cfg = tmp_path / "o.toml"
+    cfg.write_text('[sources]\nb = "/srv/b"\n')
+    c = parse("/mnt", None, ["source=a=/srv/a", f"config={cfg}", "offload=off"])
+    assert c.sources == {"a": "/srv/a", "b": "/srv/b"} and not c.fs.offload
+
+
+@pytest.mark.parametrize("source,opts,message", [
+    (None, [], "no source"),
+    ("/srv", ["bogus"], "unknown mount option 'bogus'"),
+    ("/srv", ["uid=abc"], "not a number"),
+    ("/srv", ["attr_timeout=-1"], "between 0"),
+    ("/srv", ["offload=maybe"], "offload=on or offload=off"),
+    ("/srv", ["source=a=/x"], "not both"),
+    (None, ["source=a/b=/x"], "plain directory name"),
+    (None, ["source=a=/x,source=a=/y"], "given twice"),
+    ("/srv", ["passthrough,writeback_cache"], "exclude each other"),
+    (None, ["config=/nonexistent.toml"], "No such file"),
+])
+def test_bad_options_say_what_is_wrong(source, opts, message):
+    with pytest.raises(OptionError, match=message):
+        parse("/mnt", source, opts)
+
+
+def test_bad_config_file(tmp_path):
+    cfg = tmp_path / "o.toml"
+    cfg.write_text("sources = 3\n")
+    with pytest.raises(OptionError, match=r"\[sources\] table"):
+        parse("/mnt", None, [f"config={cfg}"])

@@ -1,0 +1,146 @@
+"""The copy planner's choices, against in-memory backends whose capabilities we switch on and off."""
+import pytest
+
+from offloadfs.backends.base import Backend, NotSupported, Stat
+from offloadfs.planner import Endpoint, Planner, plan
+from offloadfs.stats import Stats
+
+
+class Mem(Backend):
+    """Files are bytearrays; the node and the file are the same object."""
+
+    def __init__(self, server="a"):
+        self.server = server
+        self.url = f"mem://{server}"
+
+    def shares_server_with(self, other):
+        return getattr(other, "server", None) == self.server
+
+    async def getattr(self, node, file=None):
+        return Stat(ino=id(node), mode=0o100644, size=len(node))
+
+    async def read(self, file, offset, size):
+        return bytes(file[offset:offset + size])
+
+    async def write(self, file, offset, data):
+        if len(file) < offset:
+            file.extend(bytes(offset - len(file)))
+        file[offset:offset + len(data)] = data
+        return len(data)
+
+
+class Cloning(Mem):
+    def __init__(self, server="a", refuse=False):
+        super().__init__(server)
+        self.refuse = refuse
+
+    async def clone_range(self, src, src_off, dst, dst_off, length):
+        if self.refuse:
+            raise NotSupported("unaligned")
+        return await self.write(dst, dst_off, src[src_off:src_off + length])
+
+
+class Copying(Mem):
+    """Copies at most ``cap`` bytes a call, like Linux nfsd's 4 MiB; refuses after ``fail_after`` calls."""
+
+    def __init__(self, server="a", cap=1000, fail_after=None):
+        super().__init__(server)
+        self.cap, self.fail_after, self.calls = cap, fail_after, 0
+
+    async def server_copy(self, src, src_off, dst, dst_off, length):
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise NotSupported("server gave up")
+        n = min(length, self.cap)
+        return await self.write(dst, dst_off, src[src_off:src_off + n])
+
+
+class CloningCopying(Cloning, Copying):
+    def __init__(self, refuse):
+        Copying.__init__(self)
+        self.refuse = refuse
+
+
+def ends(src_backend, dst_backend, data):
+    src, dst = bytearray(data), bytearray()
+    return Endpoint(src_backend, src, src, "src"), Endpoint(dst_backend, dst, dst, "dst"), dst
+
+
+DATA = bytes(range(256)) * 40  # 10240 bytes
+
+
+@pytest.mark.parametrize("src,dst,offload,expected", [
+    (CloningCopying(False), None, True, ["clone", "server_copy", "stream"]),
+    (CloningCopying(False), None, False, ["stream"]),
+    (Copying(), None, True, ["server_copy", "stream"]),
+    (Mem(), None, True, ["stream"]),
+    (Copying("a"), Copying("b"), True, ["stream"]),
+])
+def test_plan_order(src, dst, offload, expected):
+    s, d, _ = ends(src, dst or src, b"x")
+    assert plan(s, d, offload) == expected
+
+
+async def run_copy(src_backend, dst_backend, offload=True, off_in=0, off_out=0, length=1 << 40):
+    stats = Stats("/mnt", {})
+    src, dst, out = ends(src_backend, dst_backend, DATA)
+    n = await Planner(stats, offload).copy(src, off_in, dst, off_out, length)
+    return n, out, stats.snapshot()["counters"], stats
+
+
+async def test_clone_when_possible():
+    b = CloningCopying(refuse=False)
+    n, out, c, _ = await run_copy(b, b)
+    assert n == len(DATA) and out == DATA
+    assert c["copies"]["clone"] == 1 and c["copy_bytes"]["clone"] == len(DATA)
+    assert c["copies"]["server_copy"] == 0 and b.calls == 0
+
+
+async def test_refused_clone_falls_back_to_server_copy_looping_on_short_counts():
+    b = CloningCopying(refuse=True)
+    n, out, c, _ = await run_copy(b, b)
+    assert n == len(DATA) and out == DATA
+    assert b.calls == 11  # 10240 bytes at 1000 a call
+    assert c["copies"] == {"clone": 0, "server_copy": 1, "inter_server_copy": 0, "stream": 0}
+
+
+async def test_server_copy_giving_up_midway_is_finished_by_streaming():
+    b = Copying(fail_after=3)
+    n, out, c, _ = await run_copy(b, b)
+    assert n == len(DATA) and out == DATA
+    assert c["copy_bytes"]["server_copy"] == 3000
+    assert c["copy_bytes"]["stream"] == len(DATA) - 3000
+
+
+async def test_offload_off_streams():
+    b = CloningCopying(refuse=False)
+    n, out, c, _ = await run_copy(b, b, offload=False)
+    assert out == DATA and c["copies"]["stream"] == 1 and c["copies"]["clone"] == 0
+
+
+async def test_different_servers_stream():
+    n, out, c, _ = await run_copy(Copying("a"), Copying("b"))
+    assert out == DATA and c["copies"]["stream"] == 1
+
+
+async def test_length_is_clamped_to_the_source_and_offsets_are_kept():
+    b = Copying()
+    n, out, c, stats = await run_copy(b, b, off_in=10000, off_out=5)
+    assert n == 240 and out == bytes(5) + DATA[10000:]
+    n, out, c, stats = await run_copy(b, b, off_in=20000)
+    assert n == 0 and c["copy_requests"] == 0
+    assert stats.in_flight == {}
+
+
+async def test_a_failing_copy_is_counted_and_leaves_nothing_in_flight():
+    class Broken(Mem):
+        async def write(self, file, offset, data):
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        await run_copy(Broken(), Broken())
+    stats = Stats("/mnt", {})
+    src, dst, _ = ends(Broken(), Broken(), DATA)
+    with pytest.raises(OSError):
+        await Planner(stats, True).copy(src, 0, dst, 0, 100)
+    assert stats.copy_errors == 1 and stats.in_flight == {}

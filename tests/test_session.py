@@ -1,0 +1,214 @@
+"""The protocol layer against a fake device: a SEQPACKET socket keeps message boundaries like /dev/fuse."""
+import errno
+import os
+import socket
+import struct
+
+import pytest
+import trio
+
+from offloadfs.fuse import abi
+from offloadfs.fuse.operations import DirEntry, Entry, Operations
+from offloadfs.fuse.session import MAX_COPY_32, MAX_WRITE, ProtocolError, Session
+from offloadfs.backends.base import Stat
+
+
+class Device:
+    """The kernel's end of the fake device."""
+
+    def __init__(self):
+        self.kernel, self.daemon = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.unique = 0
+
+    def send(self, opcode, body=b"", nodeid=1):
+        self.unique += 2
+        header = abi.in_header.pack(abi.in_header.size + len(body), opcode, self.unique, nodeid, 0, 0, 42, 0, 0)
+        self.kernel.send(header + body)
+        return self.unique
+
+    async def reply(self):
+        await trio.lowlevel.wait_readable(self.kernel)
+        data = self.kernel.recv(1 << 21)
+        length, error, unique = abi.out_header.unpack_from(data)
+        assert length == len(data)
+        return unique, -error, data[abi.out_header.size:]
+
+    def init(self, minor=abi.KERNEL_MINOR_VERSION, flags=0xFFFFFFFF, flags2=0xFFFFFFFF):
+        body = abi.init_in.pack(7, minor, 131072, flags) + abi.init_in_flags2.pack(flags2) + bytes(44)
+        return self.send(abi.INIT, body)
+
+
+async def serving(nursery, ops, **kwargs):
+    dev = Device()
+    session = Session(dev.daemon.fileno(), ops, **kwargs)
+    nursery.start_soon(session.serve)
+    dev.init()
+    unique, err, body = await dev.reply()
+    assert err == 0
+    return dev, session, body
+
+
+class Slow(Operations):
+    def __init__(self):
+        self.cancelled = False
+        self.copy_args = None
+
+    async def copy_file_range(self, ctx, nodeid_in, fh_in, off_in, nodeid_out, fh_out, off_out, length, flags):
+        self.copy_args = (nodeid_in, fh_in, off_in, nodeid_out, fh_out, off_out, length, flags)
+        if length == 7:
+            try:
+                await trio.sleep_forever()
+            except trio.Cancelled:
+                self.cancelled = True
+                raise
+        return 5 << 30  # over 4 GiB: only opcode 53 can say so
+
+    async def lookup(self, ctx, parent, name):
+        if name != b"a":
+            raise FileNotFoundError(errno.ENOENT, "no")
+        return Entry(7, Stat(ino=99, mode=0o100644, size=3))
+
+    async def readdir(self, ctx, nodeid, fh, offset):
+        return [DirEntry(b"name%03d" % i, i + 10, 8, i + 1) for i in range(offset, 100)]
+
+    async def getxattr(self, ctx, nodeid, name):
+        return b"value"
+
+
+def copy_body(length):
+    return abi.copy_file_range_in.pack(1, 0, 3, 2, 0, length, 0)
+
+
+async def test_init_grants_only_what_the_kernel_offers():
+    async with trio.open_nursery() as nursery:
+        dev, session, body = await serving(nursery, Operations(), passthrough=True)
+        fields = abi.init_out.unpack_from(body)
+        major, minor, _, flags, _, _, max_write, _, max_pages, _, flags2, stack_depth, _ = fields
+        assert (major, minor, max_write, max_pages) == (7, abi.KERNEL_MINOR_VERSION, MAX_WRITE, 256)
+        granted = flags | flags2 << 32
+        assert granted & abi.PASSTHROUGH and stack_depth == 1
+        assert not granted & abi.WRITEBACK_CACHE  # not asked for
+        assert session.conn.passthrough
+        nursery.cancel_scope.cancel()
+
+
+async def test_init_without_passthrough_offer():
+    dev = Device()
+    session = Session(dev.daemon.fileno(), Operations(), passthrough=True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(session.serve)
+        dev.init(flags2=0)
+        _, err, body = await dev.reply()
+        assert err == 0 and not session.conn.passthrough
+        assert abi.init_out.unpack_from(body)[10] == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_old_kernel_is_refused():
+    dev = Device()
+    session = Session(dev.daemon.fileno(), Operations())
+    dev.init(minor=30)
+    with pytest.raises(ProtocolError):
+        await session.serve()
+    _, err, _ = await dev.reply()
+    assert err == errno.EPROTO
+
+
+async def test_interrupt_cancels_the_request_and_answers_eintr():
+    ops = Slow()
+    async with trio.open_nursery() as nursery:
+        dev, _, _ = await serving(nursery, ops)
+        unique = dev.send(abi.COPY_FILE_RANGE_64, copy_body(7))
+        await trio.sleep(0.05)
+        dev.send(abi.INTERRUPT, abi.interrupt_in.pack(unique))
+        with trio.fail_after(2):
+            got, err, _ = await dev.reply()
+        assert (got, err) == (unique, errno.EINTR)
+        assert ops.cancelled
+        nursery.cancel_scope.cancel()
+
+
+async def test_copy_replies_in_64_bits_and_caps_opcode_47():
+    ops = Slow()
+    async with trio.open_nursery() as nursery:
+        dev, _, _ = await serving(nursery, ops)
+        dev.send(abi.COPY_FILE_RANGE_64, copy_body(6 << 30))
+        _, err, body = await dev.reply()
+        assert err == 0 and abi.copy_file_range_out.unpack(body)[0] == 5 << 30
+        assert ops.copy_args == (1, 1, 0, 3, 2, 0, 6 << 30, 0)
+        dev.send(abi.COPY_FILE_RANGE, copy_body(6 << 30))
+        await dev.reply()
+        assert ops.copy_args[6] == MAX_COPY_32
+        nursery.cancel_scope.cancel()
+
+
+async def test_unknown_and_unimplemented_requests():
+    async with trio.open_nursery() as nursery:
+        dev, _, _ = await serving(nursery, Operations())
+        for opcode, expected in ((abi.STATX, errno.ENOSYS), (63, errno.ENOSYS),
+                                 (abi.IOCTL, errno.ENOTTY), (abi.GETATTR, errno.ENOSYS)):
+            dev.send(opcode, bytes(64))
+            _, err, _ = await dev.reply()
+            assert err == expected, opcode
+        nursery.cancel_scope.cancel()
+
+
+async def test_lookup_entry_and_error():
+    async with trio.open_nursery() as nursery:
+        dev, _, _ = await serving(nursery, Slow())
+        dev.send(abi.LOOKUP, b"a\0")
+        _, err, body = await dev.reply()
+        fields = abi.entry_out.unpack(body)
+        assert err == 0 and fields[0] == 7 and fields[6] == 99 and fields[7] == 3
+        assert fields[15] == 0o100644
+        dev.send(abi.LOOKUP, b"b\0")
+        _, err, body = await dev.reply()
+        assert err == errno.ENOENT and body == b""
+        nursery.cancel_scope.cancel()
+
+
+async def test_readdir_fills_the_buffer_and_resumes():
+    async with trio.open_nursery() as nursery:
+        dev, _, _ = await serving(nursery, Slow())
+        names, offset = [], 0
+        while True:
+            dev.send(abi.READDIR, abi.read_in.pack(1, offset, 200, 0, 0, 0, 0))
+            _, err, body = await dev.reply()
+            assert err == 0 and len(body) <= 200
+            if not body:
+                break
+            pos = 0
+            while pos < len(body):
+                ino, offset, namelen, dtype = abi.dirent.unpack_from(body, pos)
+                names.append(body[pos + 24:pos + 24 + namelen])
+                pos += (24 + namelen + 7) & ~7
+        assert names == [b"name%03d" % i for i in range(100)]
+        nursery.cancel_scope.cancel()
+
+
+async def test_getxattr_size_probe_and_erange():
+    async with trio.open_nursery() as nursery:
+        dev, _, _ = await serving(nursery, Slow())
+        dev.send(abi.GETXATTR, abi.getxattr_in.pack(0, 0) + b"user.x\0")
+        _, err, body = await dev.reply()
+        assert err == 0 and abi.getxattr_out.unpack(body)[0] == 5
+        dev.send(abi.GETXATTR, abi.getxattr_in.pack(3, 0) + b"user.x\0")
+        _, err, _ = await dev.reply()
+        assert err == errno.ERANGE
+        dev.send(abi.GETXATTR, abi.getxattr_in.pack(64, 0) + b"user.x\0")
+        _, err, body = await dev.reply()
+        assert (err, body) == (0, b"value")
+        nursery.cancel_scope.cancel()
+
+
+def test_struct_layouts_match_fuse_h():
+    assert abi.in_header.size == 40
+    assert abi.entry_out.size == 128
+    assert abi.init_out.size == 64
+    assert abi.copy_file_range_in.size == 56
+    assert abi.copy_file_range_out.size == 8
+    assert abi.backing_map.size == 16
+    # _IOW(229, 1, 16 bytes) and _IOW(229, 2, 4 bytes)
+    assert abi.DEV_IOC_BACKING_OPEN == (1 << 30) | (16 << 16) | (229 << 8) | 1
+    assert abi.DEV_IOC_BACKING_CLOSE == (1 << 30) | (4 << 16) | (229 << 8) | 2
+    assert struct.calcsize("=Q") == 8 and os.sep == "/"
