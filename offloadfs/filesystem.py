@@ -59,6 +59,8 @@ class Inode:
     pinned: bool = False  # source roots live as long as the mount
     stat: Stat | None = None
     stat_expiry: float = 0.0
+    parent: "Inode | None" = None  # where it was last looked up: for names in `offloadfs status`
+    name: bytes = b""
 
 
 @dataclass(slots=True)
@@ -151,7 +153,7 @@ class Filesystem(Operations):
     def _attr(self, inode, st):
         """What the kernel sees: our inode numbers, and the uid=/gid=/umask= options applied."""
         o = self.options
-        changes = {"ino": self._ino(inode.source, st.ino)}
+        changes = {"ino": self._ino_of(inode)}
         if o.uid is not None:
             changes["uid"] = o.uid
         if o.gid is not None:
@@ -169,8 +171,9 @@ class Filesystem(Operations):
     def _stale(inode):
         inode.stat_expiry = 0.0
 
-    def _entry(self, source, node, st):
+    def _entry(self, parent, name, node, st):
         """Hand one lookup reference to the kernel, reusing the nodeid of a known inode."""
+        source = parent.source
         key = (source.index, st.ino)
         inode = self.by_key.get(key)
         if inode is None:
@@ -180,6 +183,7 @@ class Filesystem(Operations):
         elif node is not inode.node:
             source.backend.forget(node)  # the same inode again: keep the node we have
         inode.lookups += 1
+        inode.parent, inode.name = parent, name
         self._cache(inode, st)
         return Entry(inode.nodeid, self._attr(inode, st), self.options.entry_timeout, self.options.attr_timeout)
 
@@ -212,11 +216,13 @@ class Filesystem(Operations):
                                  self.options.attr_timeout)
             raise OSError(errno.ENOENT, "no such source")
         node, st = await inode.source.backend.lookup(inode.node, name)
-        return self._entry(inode.source, node, st)
+        return self._entry(inode, name, node, st)
 
     async def _getattr(self, inode, file):
         if inode.source is None:
-            return Stat(ino=ROOT, mode=stat.S_IFDIR | 0o755, nlink=2 + len(self.sources))
+            t = int(self.stats.since * 1e9)
+            return Stat(ino=ROOT, mode=stat.S_IFDIR | 0o755, nlink=2 + len(self.sources),
+                        atime_ns=t, mtime_ns=t, ctime_ns=t)
         if inode.stat is not None and time.monotonic() < inode.stat_expiry:
             return inode.stat
         return self._cache(inode, await inode.source.backend.getattr(inode.node, file))
@@ -263,7 +269,7 @@ class Filesystem(Operations):
         dir = self._dir(parent)
         node, st = await call(dir.source.backend)(dir.node, name, *args)
         self._stale(dir)
-        return self._entry(dir.source, node, st)
+        return self._entry(dir, name, node, st)
 
     async def symlink(self, ctx, parent, name, target):
         return await self._make(parent, name, lambda b: b.symlink, target, self._owner(ctx))
@@ -283,7 +289,7 @@ class Filesystem(Operations):
             raise OSError(errno.EXDEV, "hard links stay within one source")
         node, st = await inode.source.backend.link(inode.node, dir.node, newname)
         self._stale(dir)
-        return self._entry(dir.source, node, st)
+        return self._entry(dir, newname, node, st)
 
     async def _remove(self, parent, name, rmdir):
         self._writable()
@@ -346,7 +352,7 @@ class Filesystem(Operations):
         node, st, file = await dir.source.backend.create(dir.node, name, self._open_flags(flags), mode,
                                                          self._owner(ctx))
         self._stale(dir)
-        entry = self._entry(dir.source, node, st)
+        entry = self._entry(dir, name, node, st)
         return entry, self._opened(self.inodes[entry.nodeid], file)
 
     async def read(self, ctx, nodeid, fh, offset, size):
@@ -406,8 +412,15 @@ class Filesystem(Operations):
         return n
 
     def _endpoint(self, h):
-        return Endpoint(h.inode.source.backend, h.inode.node, h.file,
-                        f"{h.inode.source.name}:{h.inode.nodeid}")
+        return Endpoint(h.inode.source.backend, h.inode.node, h.file, self._path(h.inode))
+
+    def _path(self, inode):
+        """The mount-relative path the inode was last seen under (a hint: renames may outdate it)."""
+        names = []
+        while inode is not None and inode.nodeid != ROOT:
+            names.append(os.fsdecode(inode.name) if inode.parent else inode.source.name)
+            inode = inode.parent
+        return "/".join(reversed(names))
 
     # -- directories --------------------------------------------------------------
 
@@ -462,7 +475,9 @@ class Filesystem(Operations):
     async def getxattr(self, ctx, nodeid, name):
         if nodeid == ROOT and name == STATUS_XATTR:
             return json.dumps(self.stats.snapshot()).encode()
-        inode = self._dir(nodeid)
+        inode = self._inode(nodeid)
+        if inode.source is None:
+            raise OSError(errno.ENODATA, "no such attribute")
         return await inode.source.backend.getxattr(inode.node, name)
 
     async def setxattr(self, ctx, nodeid, name, value, flags):

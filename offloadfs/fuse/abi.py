@@ -54,6 +54,7 @@ COPY_FILE_RANGE = 47
 SYNCFS = 50
 STATX = 52
 COPY_FILE_RANGE_64 = 53
+OPCODE_NAMES = {v: k for k, v in dict(globals()).items() if k.isupper() and "VERSION" not in k and k != "ROOT_ID"}
 
 # INIT flags (flags | flags2 << 32)
 ASYNC_READ = 1 << 0

@@ -25,8 +25,6 @@ READ_BUFFER = max(abi.MIN_READ_BUFFER, MAX_WRITE + 4096)  # the largest WRITE an
 # Copies arriving as opcode 47 answer in a u32; the kernel never asks for more.
 MAX_COPY_32 = 0xFFFFF000
 
-OPCODE_NAMES = {v: k for k, v in vars(abi).items() if k.isupper() and isinstance(v, int) and 0 < v < 64}
-
 
 class ProtocolError(Exception):
     """The kernel offered something this layer cannot speak."""
@@ -120,7 +118,7 @@ class Session:
         # Only WRITE carries bulk data; a view spares copying it, names need bytes.
         body = memoryview(buf)[start:length] if opcode == abi.WRITE else buf[start:length]
         if self.debug:
-            log.debug("<- %s unique=%d node=%d len=%d", OPCODE_NAMES.get(opcode, opcode), unique, nodeid, length)
+            log.debug("<- %s unique=%d node=%d len=%d", abi.OPCODE_NAMES.get(opcode, opcode), unique, nodeid, length)
         if opcode == abi.FORGET:
             self.ops.forget(nodeid, abi.forget_in.unpack_from(body)[0])
             return True
