@@ -212,3 +212,17 @@ def test_struct_layouts_match_fuse_h():
     assert abi.DEV_IOC_BACKING_OPEN == (1 << 30) | (16 << 16) | (229 << 8) | 1
     assert abi.DEV_IOC_BACKING_CLOSE == (1 << 30) | (4 << 16) | (229 << 8) | 2
     assert struct.calcsize("=Q") == 8 and os.sep == "/"
+
+
+async def test_notifications_carry_their_code_and_no_unique():
+    async with trio.open_nursery() as nursery:
+        dev, session, _ = await serving(nursery, Operations())
+        session.notify_inval_inode(7, 4096, -1)
+        unique, err, body = await dev.reply()
+        assert (unique, -err) == (0, abi.NOTIFY_INVAL_INODE)
+        assert abi.notify_inval_inode_out.unpack(body) == (7, 4096, -1)
+        session.notify_inval_entry(1, b"name")
+        unique, err, body = await dev.reply()
+        assert (unique, -err) == (0, abi.NOTIFY_INVAL_ENTRY)
+        assert body == abi.notify_inval_entry_out.pack(1, 4, 0) + b"name\0"
+        nursery.cancel_scope.cancel()
