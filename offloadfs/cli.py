@@ -62,8 +62,9 @@ def _setup_logging(debug, foreground):
 def do_mount(source, mountpoint, options, foreground):
     from . import daemon
 
-    config = parse(mountpoint, source, options)
     _check_mountpoint(mountpoint)
+    # Resolved now, while nothing is mounted there: the daemon must never stat its own mount.
+    config = parse(os.path.realpath(mountpoint), source, options)
     if foreground:
         _setup_logging(config.debug, True)
         daemon.run(config, on_ready=lambda: None)
@@ -74,7 +75,7 @@ def do_mount(source, mountpoint, options, foreground):
         os.close(read_end)
         _daemon_child(config, write_end)
     os.close(write_end)
-    return _wait_ready(read_end, pid, mountpoint)
+    return _wait_ready(read_end, pid, config.mountpoint)
 
 
 def _daemon_child(config, ready_fd):
@@ -141,6 +142,7 @@ def _wait_ready(fd, pid, mountpoint):
 
 
 def do_umount(mountpoint, lazy):
+    mountpoint = os.path.realpath(mountpoint)
     if not fusemount.is_mounted(mountpoint):
         raise UsageError(f"{mountpoint}: not an offloadfs mount")
     try:

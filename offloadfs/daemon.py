@@ -15,6 +15,8 @@ from .stats import Stats
 
 log = logging.getLogger(__name__)
 
+READAHEAD_KIB = 1024  # one max_write: sequential reads arrive as 1 MiB READs
+
 
 def raise_fd_limit():
     """Every inode the kernel remembers holds a descriptor in the local backend."""
@@ -40,17 +42,23 @@ async def _unmount_on_signal(mountpoint):
 async def serve(config, on_ready):
     raise_fd_limit()
     backends = {name: open_backend(url, config.backend_options) for name, url in config.sources.items()}
-    stats = Stats(os.path.realpath(config.mountpoint), dict(config.sources))
+    stats = Stats(config.mountpoint, dict(config.sources))
     fs = Filesystem(backends, config.fs, stats)
     await fs.start()
     fd = fusemount.mount(config.mountpoint, fsname=config.fsname, flags=config.flags,
                          allow_other=config.allow_other, default_permissions=config.default_permissions)
     session = Session(fd, fs, writeback_cache=config.writeback_cache, passthrough=config.passthrough,
                       debug=config.debug)
+
+    def ready():
+        if os.geteuid() == 0:
+            fusemount.set_readahead(config.mountpoint, READAHEAD_KIB)
+        on_ready()
+
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_unmount_on_signal, config.mountpoint)
-            await session.serve(on_ready)
+            await session.serve(ready)
             nursery.cancel_scope.cancel()
     finally:
         if fusemount.is_mounted(config.mountpoint):
