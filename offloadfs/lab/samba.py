@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from offloadfs.lab.loopfs import loop_filesystem, run
+from offloadfs.lab.loopfs import loop_filesystem
 from offloadfs.lab.net import server_namespace
 
 USER = "offloadfs-lab"
@@ -39,6 +39,8 @@ smb ports = {port}
 disable netbios = yes
 server min protocol = SMB2_10
 map to guest = never
+# Otherwise new files get the owner's x bit (the DOS archive attribute).
+map archive = no
 load printers = no
 printing = bsd
 printcap name = /dev/null
@@ -78,18 +80,34 @@ def ensure_user():
             pwd.getpwnam(USER)
 
 
-def children(pid):
-    """All descendants of pid (smbd forks one process per connection)."""
-    parents = {}
+def proc_stats():
+    """{pid: (state, ppid)} of every process."""
+    stats = {}
     for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError):
-            stat = (entry / "stat").read_text()
-            parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = parents.get(todo.pop(), [])
-        found += kids
-        todo += kids
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                stats[int(entry.name)] = (fields[0], int(fields[1]))
+    return stats
+
+
+def server_pids(pid, conf):
+    """smbd `pid`, its descendants, and helpers started for `conf`.
+
+    samba-dcerpcd (started when a client opens an RPC pipe) detaches from
+    smbd, so it is found by the config path on its command line.
+    """
+    stats = proc_stats()
+    found = {pid}
+    for other in stats:
+        with contextlib.suppress(OSError):
+            if conf.encode() in Path(f"/proc/{other}/cmdline").read_bytes():
+                found.add(other)
+    grew = True
+    while grew:
+        kids = {p for p, (_, ppid) in stats.items() if ppid in found} - found
+        found |= kids
+        grew = bool(kids)
     return found
 
 
@@ -100,13 +118,19 @@ def signal_all(pids, sig):
 
 
 def wait_gone(pids, timeout):
-    """Wait until none of pids exists; True if they all went in time."""
+    """Wait until none of pids is alive; True if they all went in time.
+
+    Zombies count as gone: init here reaps orphans only every ~2 s, and a
+    zombie holds no sockets or files any more.
+    """
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(Path(f"/proc/{pid}").exists() for pid in pids):
+    while True:
+        stats = proc_stats()
+        if all(stats.get(pid, ("Z",))[0] == "Z" for pid in pids):
             return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.01)
-    return False
 
 
 @dataclass
@@ -131,18 +155,19 @@ class SambaServer:
         self.log = workdir / "smbd.log"
         self.process = None
 
-    def unc(self, share, path=""):
-        """\\\\host\\share[\\path] for SMB clients."""
-        return "\\\\" + "\\".join(p for p in (self.host, share, path.replace("/", "\\")) if p)
+    def unc(self, share):
+        """The share's \\\\host\\share path for SMB clients."""
+        return f"\\\\{self.host}\\{share}"
 
     def start(self):
+        if self.accepts():
+            raise RuntimeError(f"something else already listens on {self.host}:{self.port}")
         cmd = ["smbd", "--foreground", "--no-process-group", "-s", str(self.conf)]
-        out = open(self.workdir / "smbd.out", "ab")
-        with out:
-            if self.net:
-                self.process = self.net.popen(*cmd, stdout=out, stderr=out)
-            else:
-                self.process = subprocess.Popen(cmd, stdout=out, stderr=out)
+        # smbd signals its whole process group when it exits: give it its own
+        # session so that it cannot take the caller with it.
+        with open(self.workdir / "smbd.out", "ab") as out:
+            spawn = self.net.popen if self.net else lambda *cmd, **kw: subprocess.Popen(cmd, **kw)
+            self.process = spawn(*cmd, stdout=out, stderr=out, start_new_session=True)
         self.wait_ready()
 
     def wait_ready(self):
@@ -151,28 +176,29 @@ class SambaServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 self.fail(f"smbd exited with {self.process.returncode}")
-            with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), timeout=0.2):
+            if self.accepts():
                 return
             time.sleep(0.01)
         self.fail(f"smbd not accepting on {self.host}:{self.port} after {START_TIMEOUT} s")
 
+    def accepts(self):
+        with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), timeout=0.2):
+            return True
+        return False
+
     def fail(self, why):
         self.stop()
         tail = "".join(
-            path.read_text(errors="replace")[-3000:] for path in (self.workdir / "smbd.out", self.log) if path.exists()
+            path.read_text(errors="replace")[-6000:] for path in (self.workdir / "smbd.out", self.log) if path.exists()
         )
-        raise RuntimeError(f"{why}; {self.workdir}:\n{tail}")
+        raise RuntimeError(f"{why}; end of its output and log:\n{tail}")
 
     def stop(self):
-        """SIGTERM smbd (its children follow), SIGKILL whatever is left."""
+        """SIGTERM every smbd process, SIGKILL whatever is left after a while."""
         if self.process is None:
             return
-        pids = [self.process.pid, *children(self.process.pid)]
-        self.process.terminate()
-        try:
-            self.process.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            pass
+        pids = server_pids(self.process.pid, str(self.conf))
+        signal_all(pids, signal.SIGTERM)
         if not wait_gone(pids, STOP_TIMEOUT):
             signal_all(pids, signal.SIGKILL)
             wait_gone(pids, STOP_TIMEOUT)
@@ -181,10 +207,10 @@ class SambaServer:
 
     def kill(self):
         """SIGKILL smbd and every connection process: a server crash."""
-        pids = [self.process.pid, *children(self.process.pid)]
+        pids = server_pids(self.process.pid, str(self.conf))
         signal_all(pids, signal.SIGKILL)
-        self.process.wait()
         wait_gone(pids, STOP_TIMEOUT)
+        self.process.wait()
         self.process = None
 
     def restart(self):
