@@ -29,14 +29,15 @@ async def _unmount_on_signal(mountpoint):
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
             log.info("%s: unmounting %s", signal.Signals(signum).name, mountpoint)
+            # In a thread: the kernel may want answers from us while it unmounts.
             try:
-                fusemount.unmount(mountpoint)
+                await trio.to_thread.run_sync(fusemount.unmount, mountpoint)
             except OSError as e:
                 if e.errno != errno.EBUSY:
                     log.error("%s", e)
                     continue
                 # Busy: detach now; open files keep being served until closed.
-                fusemount.unmount(mountpoint, lazy=True)
+                await trio.to_thread.run_sync(lambda: fusemount.unmount(mountpoint, lazy=True))
 
 
 async def serve(config, on_ready):

@@ -12,6 +12,7 @@ from .base import Backend
 # dependencies never stand in the way of another's.
 SCHEMES = {
     "file": ("offloadfs.backends.local", "LocalBackend"),
+    "smb": ("offloadfs.backends.smb", "SMBBackend"),
 }
 
 
