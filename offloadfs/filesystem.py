@@ -363,7 +363,12 @@ class Filesystem(Operations):
 
     async def write(self, ctx, nodeid, fh, offset, data, kill_suidgid):
         h = self._handle(fh)
-        n = await h.inode.source.backend.write(h.file, offset, data)
+        n = 0
+        while n < len(data):  # the kernel takes a short write as an error for most callers
+            written = await h.inode.source.backend.write(h.file, offset + n, data[n:])
+            if written <= 0:
+                raise OSError(errno.EIO, "the server accepted no data")
+            n += written
         self.stats.fuse_write_bytes += n
         self._stale(h.inode)
         if kill_suidgid:
@@ -371,7 +376,8 @@ class Filesystem(Operations):
         return n
 
     async def flush(self, ctx, nodeid, fh):
-        self._handle(fh)
+        h = self._handle(fh)
+        await h.inode.source.backend.flush(h.file)
 
     async def fsync(self, ctx, nodeid, fh, datasync):
         h = self._handle(fh)
@@ -432,7 +438,7 @@ class Filesystem(Operations):
 
     async def readdir(self, ctx, nodeid, fh, offset):
         h = self._handle(fh)
-        if offset == 0:
+        if offset == 0 or not h.listing:  # a new pass, or a seekdir() on a fresh handle
             h.listing = await self._listing(h.inode)
         return [DirEntry(name, ino, dtype, i + 1) for i, (name, ino, dtype) in
                 enumerate(h.listing[offset:], start=offset)]

@@ -92,6 +92,9 @@ class Backend:
 
     async def read(self, file, offset, size) -> bytes: raise NotImplementedError
     async def write(self, file, offset, data) -> int: raise NotImplementedError
+    async def flush(self, file) -> None:
+        """close(2) of one descriptor: push what is buffered, so the next open sees it."""
+
     async def fsync(self, file, datasync) -> None: raise NotImplementedError
     async def release(self, file) -> None: raise NotImplementedError
     async def listdir(self, node) -> list[DirItem]: raise NotImplementedError
