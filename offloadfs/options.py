@@ -6,7 +6,7 @@ that a bad option is one clear line on stderr and nothing gets mounted.
 import tomllib
 from dataclasses import dataclass, field
 
-from .backends import option_names
+from .backends import SourceError, check_options
 from .filesystem import Options
 from .fuse.mount import FLAG_OPTIONS, MS_RDONLY
 
@@ -94,7 +94,6 @@ def parse(mountpoint, source, option_strings):
     """Build a MountConfig from the positional SOURCE (or None) and the -o strings."""
     config = MountConfig(mountpoint=mountpoint)
     fs = config.fs
-    backend_options = option_names()
     for opt in (o for s in option_strings for o in s.split(",") if o):
         name, eq, value = opt.partition("=")
         if opt in IGNORED or opt.startswith(IGNORED_PREFIXES):
@@ -119,16 +118,18 @@ def parse(mountpoint, source, option_strings):
             read_config_file(config, value)
         elif name == "offload":
             raise OptionError(f"option {opt}: use offload=on or offload=off")
-        elif name in backend_options:
-            config.backend_options[name] = value if eq else True
         else:
-            raise OptionError(f"unknown mount option '{opt}'")
+            config.backend_options[name] = value if eq else True  # checked once the sources are known
     if source is not None:
         if config.sources:
             raise OptionError("give either SOURCE or source=/config= options, not both")
         config.sources["source"] = source
     if not config.sources:
         raise OptionError("no source: give SOURCE, or -o source=NAME=SOURCE or -o config=FILE")
+    try:
+        check_options(config.sources.values(), config.backend_options)
+    except SourceError as e:
+        raise OptionError(str(e)) from None
     if config.passthrough and config.writeback_cache:
         raise OptionError("passthrough and writeback_cache exclude each other")
     if config.flags & MS_RDONLY:

@@ -1,8 +1,8 @@
 """Backends: one module or package per protocol behind the interface in base.py.
 
 A source URL's scheme picks the backend.  Each backend class lists the mount
-options it takes in ``OPTIONS``; the option parser accepts those names and
-passes their values to every backend of the mount.
+options it takes in ``OPTIONS``; options the core does not know are passed
+to every backend of the mount that takes them.
 """
 import importlib
 
@@ -33,9 +33,12 @@ def backend_class(scheme):
     return getattr(importlib.import_module(module), name)
 
 
-def option_names():
-    """Every mount option some backend takes."""
-    return set().union(*(backend_class(s).OPTIONS for s in SCHEMES))
+def check_options(urls, options):
+    """Refuse an option that no backend of these sources takes (only their modules are loaded)."""
+    known = set().union(*(backend_class(scheme_of(url)).OPTIONS for url in urls))
+    for name in options:
+        if name not in known:
+            raise SourceError(f"unknown mount option '{name}'")
 
 
 def open_backend(url, options) -> Backend:

@@ -1,0 +1,570 @@
+"""The SMB backend: one share (or a directory in it) on an SMB 2/3 server.
+
+SMB names files by path, so a node is a small mutable object holding its
+path in the share; the backend keeps path -> node so that a rename can move
+the renamed node and everything below it (the filesystem keeps node objects
+across renames).  Inode numbers are the server's file ids.  Most operations
+are one related compound (open + work + close) and so one round trip.
+
+Without unix extensions (Samba 4.17 offers SMB3 ones only in developer
+builds) there are no symlinks, device nodes, owners or modes: modes come from
+file_mode=/dir_mode=, chmod toggles the read-only attribute (as mount.cifs
+does), chown is accepted and ignored, and xattrs are user.* names stored as
+SMB extended attributes.
+"""
+import errno
+import functools
+import os
+import stat
+
+import trio
+
+from .. import SourceError
+from ..base import Backend, DirItem, FsStat, Stat
+from . import errors, info, messages as m, url, wire
+from .capabilities import Capabilities, CopyLimits
+from .client import Client, ConnectionLost, together
+from .errors import status_error, status_of
+
+RENAME_NOREPLACE = 1
+LIST_BUFFER = 65536
+LISTED_FOR = 1.0  # seconds a directory listing answers lookups (READDIRPLUS looks up every entry)
+BAD_NAME_CHARS = frozenset('\\:*?"<>|')  # a path separator, a stream name, wildcards
+
+
+class Node:
+    """A file or directory by its path in the share; ``path`` is None once it was removed through us."""
+    __slots__ = ("path", "ino", "is_dir")
+
+    def __init__(self, path, ino, is_dir):
+        self.path = path
+        self.ino = ino
+        self.is_dir = is_dir
+
+
+class File:
+    """An open handle, reopened by path (and access) after a reconnect."""
+    __slots__ = ("backend", "node", "access", "file_id", "generation", "sparse", "resume_key", "key_generation")
+
+    def __init__(self, backend, node, access, file_id, generation):
+        self.backend = backend
+        self.node = node
+        self.access = access
+        self.file_id = file_id
+        self.generation = generation
+        self.sparse = False
+        self.resume_key = None
+        self.key_generation = 0
+
+
+class SMBBackend(Capabilities, Backend):
+    OPTIONS = url.OPTIONS
+
+    def __init__(self, source_url, options):
+        self.url = source_url
+        self.target = url.parse(source_url, options)
+        self.share = self.target.share
+        self.client = None
+        self.nodes = {}  # path -> Node, for every node the filesystem holds
+        self.can_clone = False
+        self.namelen = 255
+        self.copy_limits = CopyLimits()
+        self._reopening = trio.Lock()
+        self._listed = {}  # path -> (Attributes, expiry) from the last listings; see lookup()
+
+    def shares_server_with(self, other):
+        # Resume keys and file ids are only good on the connection that issued them.
+        return isinstance(other, SMBBackend) and self.client is not None and other.client is self.client
+
+    # -- plumbing -------------------------------------------------------------------
+
+    async def _call(self, msgs, what="", generation=None):
+        """A related compound whose every step must succeed; the response bodies."""
+        results = await self.client.call(self.share, msgs, generation)
+        for status, body in results:
+            if status != errors.SUCCESS:
+                raise status_error(status, body, what)
+        return [body for _, body in results]
+
+    async def _handle(self, file):
+        """The file id of ``file`` on the current connection, reopening it after a reconnect."""
+        await self.client.tree_id(self.share)
+        if file.generation != self.client.generation:
+            async with self._reopening:
+                if file.generation != self.client.generation:
+                    await self._reopen(file)
+        return file.file_id
+
+    async def _reopen(self, file):
+        generation = self.client.generation
+        path = _path(file.node)
+        try:
+            [body] = await self._call([m.create(path, file.access)], path)
+        except ConnectionLost:
+            raise
+        except OSError as e:
+            raise OSError(errno.EIO, f"{path}: lost in a reconnect and cannot be reopened: {e.strerror}") from None
+        file.file_id = wire.CreateResponse.unpack(body).file_id
+        file.generation = generation
+
+    async def _file_call(self, file, msg):
+        """The response body of one request on ``file``'s handle, which must succeed."""
+        fid = await self._handle(file)
+        return await self.client.call1(self.share, msg(fid), file.generation, file.node.path or "")
+
+    def _stat(self, a: info.Attributes):
+        if a.is_dir:
+            mode = stat.S_IFDIR | self.target.dir_mode
+        else:
+            mode = stat.S_IFREG | self.target.file_mode
+        if a.attributes & info.ATTR_READONLY:
+            mode &= ~0o222
+        return Stat(ino=a.file_id, mode=mode, nlink=max(1, a.nlink), size=a.size, blocks=(a.allocation + 511) // 512,
+                    blksize=1 << 20, atime_ns=a.atime_ns, mtime_ns=a.mtime_ns, ctime_ns=a.ctime_ns)
+
+    def _node(self, path, a: info.Attributes):
+        """The node for ``path``: the one already known unless the path now names another file."""
+        node = self.nodes.get(path)
+        if node is None or node.ino != a.file_id:
+            node = self.nodes[path] = Node(path, a.file_id, a.is_dir)
+        return node
+
+    def _removed(self, path):
+        """``path`` and everything below it no longer exist: their nodes go stale."""
+        prefix = path + "\\"
+        for p in [p for p in self.nodes if p == path or p.startswith(prefix)]:
+            self.nodes.pop(p).path = None
+
+    def _moved(self, old, new):
+        self._removed(new)
+        prefix = old + "\\"
+        for p in [p for p in self.nodes if p == old or p.startswith(prefix)]:
+            node = self.nodes.pop(p)
+            node.path = new + p[len(old):]
+            self.nodes[node.path] = node
+
+    async def _stat_path(self, path):
+        _, body, _ = await self._call([m.create(path, m.READ_ATTRIBUTES), _query_all(), m.close()], path)
+        return info.FileAllInformation.unpack(wire.QueryResponse.buffer(body))
+
+    async def _size(self, file):
+        body = await self._file_call(file, lambda fid: m.query_info(info.FILE_STANDARD, fid, 64))
+        return info.FileStandardInformation.end_of_file(wire.QueryResponse.buffer(body))
+
+    # -- nodes ----------------------------------------------------------------------
+
+    async def root(self):
+        self.client = Client.shared(self.target)
+        path = self.target.path
+        try:
+            a = await self._stat_path(path)
+            _, body, _ = await self._call([m.create(path, m.READ_ATTRIBUTES), m.query_fs_info(info.FS_ATTRIBUTE),
+                                           m.close()], path)
+        except OSError as e:
+            await self.client.release()
+            self.client = None
+            raise SourceError(self._describe(e)) from None
+        fs = info.FileFsAttributeInformation.unpack(wire.QueryResponse.buffer(body))
+        self.can_clone = bool(fs.attributes & info.FS_SUPPORTS_BLOCK_REFCOUNTING)
+        self.namelen = fs.max_name_length or 255
+        return self._node(path, a), self._stat(a)
+
+    def _describe(self, e):
+        """Why root() failed, as one line for the user."""
+        t = self.target
+        if status_of(e) == errors.BAD_NETWORK_NAME:
+            return f"{t.unc}: no such share"
+        if status_of(e) is not None and e.errno == errno.ENOENT:
+            return f"{t.unc}\\{t.path}: no such directory"
+        return e.strerror
+
+    async def lookup(self, dir, name):
+        path = _child(dir, name)
+        a = self._from_listing(path) or await self._stat_path(path)
+        return self._node(path, a), self._stat(a)
+
+    def _from_listing(self, path):
+        """The attributes of ``path`` from a listing of the last second, used once, or None.
+
+        After a listing the kernel asks for every entry in turn (READDIRPLUS
+        looks each up, ``ls -l`` stats each); the listing already holds that,
+        so 2000 files cost one listing, not 2000 round trips.  Listings carry
+        no link count (1 is reported), and any change made through us drops
+        them.
+        """
+        a, expiry = self._listed.pop(path, (None, 0))
+        return a if trio.current_time() < expiry else None
+
+    def forget(self, node):
+        if node.path is not None and self.nodes.get(node.path) is node:
+            del self.nodes[node.path]
+
+    async def getattr(self, node, file=None):
+        if file is not None:
+            return self._stat(await self._file_attributes(file))
+        a = self._from_listing(_path(node)) or await self._stat_path(node.path)
+        if a.file_id != node.ino:
+            raise OSError(errno.ESTALE, f"{node.path}: replaced by another file")
+        return self._stat(a)
+
+    async def _file_attributes(self, file):
+        body = await self._file_call(file, lambda fid: _query_all(fid))
+        return info.FileAllInformation.unpack(wire.QueryResponse.buffer(body))
+
+    async def setattr(self, node, file=None, *, mode=None, uid=None, gid=None, size=None,
+                      atime_ns=None, mtime_ns=None):
+        self._listed.clear()
+        # uid/gid: SMB without unix extensions has no owners to change (mount.cifs ignores them too).
+        changes = []
+        if size is not None:
+            changes.append(m.set_info(info.FILE_END_OF_FILE, info.FileEndOfFileInformation(size).pack()))
+        attributes = 0
+        if mode is not None:
+            # As mount.cifs: no write permission is the read-only attribute.
+            a = await (self._stat_path(_path(node)) if file is None else self._file_attributes(file))
+            wanted = a.attributes & ~info.ATTR_READONLY | (0 if mode & 0o200 else info.ATTR_READONLY)
+            if wanted != a.attributes:
+                attributes = wanted or info.ATTR_NORMAL
+        if atime_ns is not None or mtime_ns is not None or attributes:
+            basic = info.FileBasicInformation(atime_ns, mtime_ns, attributes).pack()
+            changes.append(m.set_info(info.FILE_BASIC, basic))
+        if file is not None:
+            for change in changes:
+                await self._file_call(file, lambda fid: _with_file_id(change, fid))
+            return await self.getattr(node, file)
+        path = _path(node)
+        access = m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES | (m.WRITE_DATA if size is not None else 0)
+        bodies = await self._call([m.create(path, access), *changes, _query_all(), m.close()], path)
+        return self._stat(info.FileAllInformation.unpack(wire.QueryResponse.buffer(bodies[-2])))
+
+    async def readlink(self, node):
+        raise OSError(errno.EINVAL, "SMB without unix extensions has no symlinks")
+
+    async def symlink(self, dir, name, target, owner):
+        raise OSError(errno.EOPNOTSUPP, "SMB without unix extensions has no symlinks")
+
+    async def mknod(self, dir, name, mode, rdev, owner):
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EOPNOTSUPP, "SMB without unix extensions has only files and directories")
+        return await self._make(_child(dir, name), m.NON_DIRECTORY_FILE)
+
+    async def mkdir(self, dir, name, mode, owner):
+        return await self._make(_child(dir, name), m.DIRECTORY_FILE)
+
+    async def _make(self, path, options):
+        self._listed.clear()
+        _, body, _ = await self._call([m.create(path, m.READ_ATTRIBUTES, m.CREATE, options), _query_all(), m.close()],
+                                      path)
+        a = info.FileAllInformation.unpack(wire.QueryResponse.buffer(body))
+        return self._node(path, a), self._stat(a)
+
+    async def link(self, node, dir, name):
+        self._listed.clear()
+        path = _child(dir, name)
+        link = info.FileRenameInformation(False, path).pack()
+        _, _, body, _ = await self._call([m.create(_path(node), m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES),
+                                          m.set_info(info.FILE_LINK, link), _query_all(), m.close()], path)
+        a = info.FileAllInformation.unpack(wire.QueryResponse.buffer(body))
+        return self._node(path, a), self._stat(a)
+
+    async def unlink(self, dir, name):
+        await self._delete(_child(dir, name), m.NON_DIRECTORY_FILE)
+
+    async def rmdir(self, dir, name):
+        await self._delete(_child(dir, name), m.DIRECTORY_FILE)
+
+    async def _delete(self, path, options):
+        """Delete on close; open handles (ours share delete access) keep working until closed."""
+        self._listed.clear()
+        dispose = m.set_info(info.FILE_DISPOSITION, info.FileDispositionInformation().pack())
+        try:
+            await self._call([m.create(path, m.DELETE | m.READ_ATTRIBUTES, m.OPEN, options), dispose, m.close()], path)
+        except OSError as e:
+            if status_of(e) != errors.CANNOT_DELETE:
+                raise
+            # Read-only: POSIX unlinks it anyway (the directory decides), so clear the attribute first.
+            a = await self._stat_path(path)
+            plain = info.FileBasicInformation(attributes=(a.attributes & ~info.ATTR_READONLY) or info.ATTR_NORMAL)
+            await self._call([m.create(path, m.DELETE | m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES, m.OPEN, options),
+                              m.set_info(info.FILE_BASIC, plain.pack()), dispose, m.close()], path)
+        self._removed(path)
+
+    async def rename(self, dir, name, newdir, newname, flags):
+        self._listed.clear()
+        if flags & ~RENAME_NOREPLACE:
+            raise OSError(errno.EINVAL, "SMB renames cannot exchange or leave whiteouts")
+        old, new = _child(dir, name), _child(newdir, newname)
+        if old == new:
+            return
+        replace = not flags & RENAME_NOREPLACE
+        move = info.FileRenameInformation(replace, new).pack()
+        try:
+            await self._call([m.create(old, m.DELETE | m.READ_ATTRIBUTES), m.set_info(info.FILE_RENAME, move),
+                              m.close()], old)
+        except OSError as e:
+            if not replace or status_of(e) not in (errors.OBJECT_NAME_COLLISION, errors.ACCESS_DENIED):
+                raise
+            # Samba refuses where POSIX has a more precise answer, or none at all.
+            try:
+                src, dst = await self._stat_path(old), await self._stat_path(new)
+            except OSError:
+                raise e from None
+            if src.file_id == dst.file_id:
+                return  # two links to one file: rename does nothing
+            if src.is_dir != dst.is_dir:
+                raise OSError(errno.EISDIR if dst.is_dir else errno.ENOTDIR, f"{old} -> {new}") from None
+            raise
+        self._moved(old, new)
+
+    # -- files ----------------------------------------------------------------------
+
+    async def open(self, node, flags):
+        path = _path(node)
+        truncate = flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY
+        file, a = await self._open(node, path, _access(flags), m.OVERWRITE if truncate else m.OPEN,
+                                   0 if node.is_dir else m.NON_DIRECTORY_FILE)
+        if a.file_id != node.ino:
+            await self.release(file)
+            raise OSError(errno.ESTALE, f"{path}: replaced by another file")
+        return file
+
+    async def create(self, dir, name, flags, mode, owner):
+        self._listed.clear()
+        path = _child(dir, name)
+        if flags & os.O_EXCL:
+            disposition = m.CREATE
+        elif flags & os.O_TRUNC:
+            disposition = m.OVERWRITE_IF
+        else:
+            disposition = m.OPEN_IF
+        file, a = await self._open(None, path, _access(flags), disposition, m.NON_DIRECTORY_FILE)
+        file.node = self._node(path, a)
+        return file.node, self._stat(a), file
+
+    async def _open(self, node, path, access, disposition, options):
+        """A File and the attributes of what it opened, in one round trip.
+
+        Not interrupted (the request's deadline still applies): a handle the
+        server opened after we stopped listening would stay open until we
+        disconnect, holding off deletes and share modes.
+        """
+        with trio.CancelScope(shield=True):
+            (status, body), (q_status, query) = await self.client.call(
+                self.share, [m.create(path, access, disposition, options), _query_all()])
+            if status != errors.SUCCESS:
+                raise status_error(status, body, path)
+            file = File(self, node, access, wire.CreateResponse.unpack(body).file_id, self.client.generation)
+            if q_status != errors.SUCCESS:
+                await self.release(file)
+                raise status_error(q_status, query, path)
+        return file, info.FileAllInformation.unpack(wire.QueryResponse.buffer(query))
+
+    async def read(self, file, offset, size):
+        """The data as a memoryview into the response (no copy), short only at end of file."""
+        step = self.client.io_size
+        if size <= step:
+            return await self._read(file, offset, size)
+        pieces = await together([functools.partial(self._read, file, offset + start, min(step, size - start))
+                                 for start in range(0, size, step)])
+        data = []
+        for p in pieces:
+            data.append(p)
+            if len(p) < step:
+                break
+        return b"".join(data)
+
+    async def _read(self, file, offset, size):
+        fid = await self._handle(file)
+        [(status, body)] = await self.client.call(self.share, [m.read(fid, offset, size)], file.generation)
+        if status == errors.END_OF_FILE:
+            return b""
+        if status != errors.SUCCESS:
+            raise status_error(status, body, file.node.path or "")
+        return wire.ReadResponse.data(body)
+
+    async def write(self, file, offset, data):
+        """All of ``data``, in pieces of the negotiated size written side by side.
+
+        A server may write less than it was sent (smbprotocol's own loops miss
+        that); each piece goes on from where the server stopped.
+        """
+        self._listed.clear()
+        view = memoryview(data)
+        step = self.client.io_size
+
+        async def piece(start, end):
+            while start < end:
+                whole = isinstance(data, bytes) and (start, end) == (0, len(view))
+                chunk = data if whole else bytes(view[start:end])  # smbprotocol takes bytes only
+                body = await self._file_call(file, lambda fid: m.write(fid, offset + start, chunk))
+                n = wire.WriteResponse.count(body)
+                if not 0 < n <= end - start:
+                    raise OSError(errno.EIO, f"server wrote {n} of {end - start} bytes")
+                start += n
+
+        await together([functools.partial(piece, start, min(start + step, len(view)))
+                        for start in range(0, len(view), step)])
+        return len(view)
+
+    async def fsync(self, file, datasync):
+        await self._file_call(file, m.flush)
+
+    async def release(self, file):
+        if file.generation != self.client.generation:
+            return  # its connection is gone, and the handle with it
+        try:
+            await self.client.call(self.share, [m.close(file.file_id)], file.generation)
+        except ConnectionLost:
+            pass
+
+    async def listdir(self, node):
+        path = _path(node)
+        create, first = await self.client.call(self.share, [
+            m.create(path, m.READ_DATA | m.READ_ATTRIBUTES | m.SYNCHRONIZE, m.OPEN, m.DIRECTORY_FILE),
+            m.query_directory(m.RELATED, info.FILE_ID_BOTH_DIRECTORY, m.RESTART_SCAN, LIST_BUFFER)])
+        generation = self.client.generation
+        expiry = trio.current_time() + LISTED_FOR
+        if create[0] != errors.SUCCESS:
+            raise status_error(create[0], what=path)
+        fid = wire.CreateResponse.unpack(create[1]).file_id
+        items = []
+        try:
+            status, body = first
+            while status != errors.NO_MORE_FILES:
+                if status != errors.SUCCESS:
+                    raise status_error(status, what=path)
+                for name, a in info.FileIdBothDirectoryInformation.unpack_list(wire.QueryResponse.buffer(body)):
+                    if name not in (".", ".."):
+                        items.append(DirItem(name.encode("utf-8", "surrogatepass"), a.file_id, 4 if a.is_dir else 8))
+                        self._listed[f"{path}\\{name}" if path else name] = (a, expiry)
+                [(status, body)] = await self.client.call(
+                    self.share, [m.query_directory(fid, info.FILE_ID_BOTH_DIRECTORY, 0, LIST_BUFFER)], generation)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.client.call(self.share, [m.close(fid)], generation)
+        return items
+
+    async def statfs(self, node):
+        path = _path(node)
+        _, body, _ = await self._call([m.create(path, m.READ_ATTRIBUTES), m.query_fs_info(info.FS_FULL_SIZE),
+                                       m.close()], path)
+        s = info.FileFsFullSizeInformation.unpack(wire.QueryResponse.buffer(body))
+        unit = s.sectors_per_unit * s.bytes_per_sector or 4096
+        return FsStat(blocks=s.total_units, bfree=s.actual_available_units, bavail=s.caller_available_units,
+                      bsize=unit, frsize=unit, namelen=self.namelen)
+
+    # -- xattrs: user.* as SMB extended attributes ------------------------------------
+
+    async def _eas(self, node, name=None):
+        """{name: value} of the node's EAs (or just ``name``'s); an EA with no value does not exist."""
+        path = _path(node)
+        query = m.query_info(info.FILE_FULL_EA, output_length=65536, input=info.GetEa(name).pack() if name else b"",
+                             flags=0 if name else m.RESTART_SCAN)
+        create, result, _ = await self.client.call(self.share, [m.create(path, m.READ_EA | m.READ_ATTRIBUTES), query,
+                                                               m.close()])
+        for status, body in (create, result):
+            if status == errors.NO_EAS_ON_FILE:
+                return {}
+            if status != errors.SUCCESS:
+                raise status_error(status, body, path)
+        eas = info.FullEa.unpack_list(wire.QueryResponse.buffer(result[1]))
+        return {ea.name: ea.value for ea in eas if ea.value}
+
+    async def _set_ea(self, node, name, value):
+        path = _path(node)
+        ea = info.FullEa.pack_list([info.FullEa(name, value)])
+        await self._call([m.create(path, m.WRITE_EA | m.READ_ATTRIBUTES), m.set_info(info.FILE_FULL_EA, ea),
+                          m.close()], path)
+
+    async def getxattr(self, node, name):
+        ea = _ea_name(name)
+        value = (await self._eas(node, ea)).get(ea) if ea else None
+        if value is None:
+            raise OSError(errno.ENODATA, "no such attribute")
+        return value
+
+    async def setxattr(self, node, name, value, flags):
+        ea = _ea_name(name)
+        if ea is None:
+            raise OSError(errno.EOPNOTSUPP, "SMB stores only user.* attributes")
+        if not value:
+            # EOPNOTSUPP, not EINVAL: copying tools then skip the attribute instead of failing.
+            raise OSError(errno.EOPNOTSUPP, "SMB cannot store an empty attribute (an empty value deletes it)")
+        if flags & (os.XATTR_CREATE | os.XATTR_REPLACE):
+            exists = ea in await self._eas(node, ea)
+            if flags & os.XATTR_CREATE and exists:
+                raise OSError(errno.EEXIST, "attribute exists")
+            if flags & os.XATTR_REPLACE and not exists:
+                raise OSError(errno.ENODATA, "no such attribute")
+        await self._set_ea(node, ea, bytes(value))
+
+    async def listxattr(self, node):
+        return [b"user." + name for name in await self._eas(node)]
+
+    async def removexattr(self, node, name):
+        ea = _ea_name(name)
+        if ea is None or ea not in await self._eas(node, ea):
+            raise OSError(errno.ENODATA, "no such attribute")
+        await self._set_ea(node, ea, b"")
+
+    async def close(self):
+        if self.client is not None:
+            await self.client.release()
+            self.client = None
+
+    def _same_connection(self, src_file):
+        return isinstance(src_file, File) and src_file.backend.client is self.client
+
+    async def _set_size(self, file, size):
+        eof = info.FileEndOfFileInformation(size).pack()
+        await self._file_call(file, lambda fid: m.set_info(info.FILE_END_OF_FILE, eof, fid))
+
+    async def _file_request(self, file, msg, generation=None):
+        """(status, body) of one request on ``file``'s handle; ``generation``: also that of a second file."""
+        fid = await self._handle(file)
+        if generation is not None and generation != file.generation:
+            raise ConnectionLost("the two files are on different connections after a reconnect")
+        [(status, body)] = await self.client.call(self.share, [msg(fid)], file.generation)
+        return status, body
+
+
+def _path(node):
+    if node.path is None:
+        raise OSError(errno.ENOENT, "removed")
+    return node.path
+
+
+def _child(dir, name):
+    """The share path of ``name`` in ``dir``; names SMB cannot hold are EINVAL, never another path."""
+    try:
+        text = name.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        raise OSError(errno.EINVAL, "SMB names are Unicode: not valid UTF-8") from None
+    if BAD_NAME_CHARS.intersection(text) or any(ord(c) < 32 for c in text):
+        raise OSError(errno.EINVAL, 'SMB names cannot hold \\ : * ? " < > | or control characters')
+    parent = _path(dir)
+    return f"{parent}\\{text}" if parent else text
+
+
+def _access(flags):
+    mode = flags & os.O_ACCMODE
+    if mode == os.O_RDONLY:
+        return m.READ
+    if mode == os.O_WRONLY:
+        return m.WRITE | m.READ_ATTRIBUTES
+    return m.READ | m.WRITE
+
+
+def _query_all(file_id=m.RELATED):
+    # 64 KiB (one credit): the reply ends with the file's path, which may be long.
+    return m.query_info(info.FILE_ALL, file_id, 65536)
+
+
+def _with_file_id(message, file_id):
+    message["file_id"] = file_id
+    return message
+
+
+def _ea_name(name):
+    """The SMB EA name of a user.* xattr name, else None."""
+    return name[5:] if name.startswith(b"user.") and len(name) > 5 else None

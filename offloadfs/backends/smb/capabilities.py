@@ -1,0 +1,229 @@
+"""The optional capabilities of the SMB backend: clone, server-side copy, sparse files.
+
+Copy offload is where SMB servers differ most, so each refusal is read as
+"not this way" (NotSupported: the planner moves on) unless the connection
+itself broke; the server's copychunk limits are learned from its refusal.
+"""
+import errno
+import functools
+import logging
+
+import trio
+
+from ..base import NotSupported
+from . import errors, info, messages as m, wire
+from .client import together
+from .errors import status_error
+
+log = logging.getLogger(__name__)
+
+SEEK_DATA, SEEK_HOLE = 3, 4
+FALLOC_FL_KEEP_SIZE = 1
+FALLOC_FL_PUNCH_HOLE = 2
+CLONE_ALIGN = 4096
+COPY_PER_CALL = 256 << 20  # one server_copy call; the planner loops, so progress and interrupts land between
+COPY_REQUESTS_IN_FLIGHT = 4
+MAX_RANGES_BUFFER = 1 << 20
+
+
+class CopyLimits:
+    """Copychunk limits of a server: start at 16 x 1 MiB, learn the real ones from its refusal."""
+
+    def __init__(self, chunks=16, chunk_size=1 << 20, total=16 << 20):
+        self.chunks, self.chunk_size, self.total = chunks, chunk_size, total
+
+    def per_request(self):
+        return min(self.total, self.chunks * self.chunk_size)
+
+
+class Capabilities:
+    """SeekData, Allocate, CloneRange and ServerCopy for SMBBackend (which provides the plumbing)."""
+
+    async def seek(self, file, offset, whence):
+        """SEEK_DATA/SEEK_HOLE from the allocated ranges (exact on files marked sparse)."""
+        if whence not in (SEEK_DATA, SEEK_HOLE):
+            raise OSError(errno.EINVAL, "only SEEK_DATA and SEEK_HOLE")
+        size = await self._size(file)
+        if offset >= size:
+            raise OSError(errno.ENXIO, "past end of file")
+        ranges = await self._allocated(file, offset, size)
+        if whence == SEEK_DATA:
+            for r in ranges:
+                if r.offset + r.length > offset:
+                    return max(offset, r.offset)
+            raise OSError(errno.ENXIO, "no data past the offset")
+        pos = offset
+        for r in ranges:
+            if r.offset > pos:
+                break
+            pos = max(pos, r.offset + r.length)
+        return min(pos, size)
+
+    async def _allocated(self, file, offset, end):
+        """FSCTL_QUERY_ALLOCATED_RANGES over [offset, end), sorted.
+
+        Samba answers a too-small buffer with BUFFER_TOO_SMALL and nothing, so
+        the buffer grows; Windows answers BUFFER_OVERFLOW with what fit, so the
+        query goes on after the last range.
+        """
+        ranges = []
+        out = 4096
+        while offset < end:
+            query = wire.AllocatedRange(offset, end - offset).pack()
+            status, body = await self._file_request(
+                file, lambda fid: m.ioctl(fid, wire.FSCTL_QUERY_ALLOCATED_RANGES, query, out))
+            if status == errors.BUFFER_TOO_SMALL and out < MAX_RANGES_BUFFER:
+                out *= 4
+                continue
+            if status not in (errors.SUCCESS, errors.BUFFER_OVERFLOW):
+                raise status_error(status, body, file.node.path or "")
+            got = wire.AllocatedRange.unpack_list(wire.IoctlResponse.output(body))
+            ranges += got
+            if status == errors.SUCCESS or not got:
+                break
+            offset = got[-1].offset + got[-1].length
+        return sorted(ranges, key=lambda r: r.offset)
+
+    async def allocate(self, file, mode, offset, length):
+        """Punch a hole (on a file marked sparse first), or extend for plain allocation."""
+        self._listed.clear()
+        if mode == FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE:
+            if not file.sparse:
+                await self._file_call(file, lambda fid: m.ioctl(fid, wire.FSCTL_SET_SPARSE))
+                file.sparse = True
+            zero = wire.ZeroData(offset, offset + length).pack()
+            await self._file_call(file, lambda fid: m.ioctl(fid, wire.FSCTL_SET_ZERO_DATA, zero))
+        elif mode == 0:
+            # SMB has no range preallocation; a file that grows is at least the right size.
+            if offset + length > await self._size(file):
+                eof = info.FileEndOfFileInformation(offset + length).pack()
+                await self._file_call(file, lambda fid: m.set_info(info.FILE_END_OF_FILE, eof, fid))
+        else:
+            raise OSError(errno.EOPNOTSUPP, f"fallocate mode {mode:#x}")
+
+    async def clone_range(self, src_file, src_offset, dst_file, dst_offset, length):
+        """FSCTL_DUPLICATE_EXTENTS_TO_FILE, on shares with block refcounting (btrfs with vfs_btrfs).
+
+        Offsets must be 4 KiB aligned and so must the length, unless the range
+        ends at the source's end; an unaligned tail is left to the next method.
+        The destination is sized first: into a shorter one the server clones
+        nothing and still reports success.
+        """
+        self._listed.clear()
+        if not self.can_clone:
+            raise NotSupported("the share cannot duplicate extents")
+        if not self._same_connection(src_file) or src_file.backend.share != self.share:
+            raise NotSupported("Samba finds the source handle only on the destination's share")
+        if src_offset % CLONE_ALIGN or dst_offset % CLONE_ALIGN:
+            raise NotSupported("offsets not 4 KiB aligned")
+        if length % CLONE_ALIGN and src_offset + length != await src_file.backend._size(src_file):
+            length -= length % CLONE_ALIGN
+        if length == 0:
+            raise NotSupported("less than 4 KiB to clone")
+        src_fid = await src_file.backend._handle(src_file)
+        old_size = await self._size(dst_file)
+        if old_size < dst_offset + length:
+            await self._set_size(dst_file, dst_offset + length)
+        dup = wire.DuplicateExtents(src_fid, src_offset, dst_offset, length).pack()
+        status, body = await self._file_request(
+            dst_file, lambda fid: m.ioctl(fid, wire.FSCTL_DUPLICATE_EXTENTS_TO_FILE, dup), src_file.generation)
+        if status != errors.SUCCESS:
+            if old_size < dst_offset + length:
+                await self._set_size(dst_file, old_size)
+            # Both ends are open handles: a refusal means this pair or range cannot be cloned.
+            raise NotSupported(f"duplicate extents refused (NTSTATUS 0x{status:08X})")
+        return length
+
+    async def server_copy(self, src_file, src_offset, dst_file, dst_offset, length):
+        """FSCTL_SRV_COPYCHUNK_WRITE: several requests of up to the server's limit in flight.
+
+        Returns the length of the prefix that was copied; a request that fails
+        or copies less cuts the count there (the caller goes on from it).
+        """
+        self._listed.clear()
+        if not self._same_connection(src_file):
+            raise NotSupported("source on another connection")
+        if self.can_clone and not src_file.backend.can_clone:
+            # Samba's vfs_btrfs looks another share's resume key up in its own table,
+            # and crashes the connection's process if that table was never made.
+            raise NotSupported("copychunk into a btrfs share from another kind of share")
+        length = min(length, COPY_PER_CALL)
+        key = await src_file.backend._resume_key(src_file)
+        step = self.copy_limits.per_request()
+        starts = list(range(0, length, step))
+        limit = trio.CapacityLimiter(COPY_REQUESTS_IN_FLIGHT)
+
+        async def request(start):
+            async with limit:
+                try:
+                    return await self._copychunk(key, src_file, src_offset + start, dst_file, dst_offset + start,
+                                                 min(step, length - start))
+                except NotSupported as e:
+                    return e
+
+        results = await together([functools.partial(request, start) for start in starts])
+        total = 0
+        for start, n in zip(starts, results):
+            if isinstance(n, NotSupported):
+                if total == 0:
+                    raise n
+                break
+            total += n
+            if n < min(step, length - start):
+                break
+        return total
+
+    async def _copychunk(self, key, src_file, src_offset, dst_file, dst_offset, length):
+        """One or more COPYCHUNK_WRITE requests for a range; bytes copied from its start."""
+        done = 0
+        while done < length:
+            limits = self.copy_limits
+            n = min(length - done, limits.per_request())
+            chunks = [(src_offset + done + o, dst_offset + done + o, min(limits.chunk_size, n - o))
+                      for o in range(0, n, limits.chunk_size)]
+            copy = wire.CopyChunkCopy(key, chunks).pack()
+            status, body = await self._file_request(
+                dst_file, lambda fid: m.ioctl(fid, wire.FSCTL_SRV_COPYCHUNK_WRITE, copy, 12), src_file.generation)
+            if status == errors.SUCCESS:
+                written = wire.CopyChunkResponse.unpack(wire.IoctlResponse.output(body)).total_bytes_written
+                if not 0 < written <= n:
+                    return done
+                done += written
+                if written < n:
+                    return done
+            elif status == errors.INVALID_PARAMETER and self._learn_limits(body, limits, len(chunks), n):
+                continue
+            elif status == errors.INVALID_VIEW_SIZE or done:
+                return done  # the source ends inside the range, or the rest fails: a short count
+            else:
+                # Both ends are open handles, so any refusal is the server's copy giving
+                # up (into a btrfs share from another one Samba answers "name not
+                # found"); a copy by reading and writing shows any real error.
+                raise NotSupported(f"copychunk refused (NTSTATUS 0x{status:08X})")
+        return done
+
+    def _learn_limits(self, body, used, chunks, n):
+        """True if the refusal names limits smaller than those the request used (then they are kept)."""
+        try:
+            r = wire.CopyChunkResponse.unpack(wire.IoctlResponse.output(body))
+        except wire.WireError:
+            return False
+        if not (r.chunks_written and r.chunk_bytes_written and r.total_bytes_written):
+            return False
+        learned = CopyLimits(r.chunks_written, r.chunk_bytes_written, r.total_bytes_written)
+        if chunks <= learned.chunks and max(1, min(n, used.chunk_size)) <= learned.chunk_size and n <= learned.total:
+            return False  # within the limits: something else is wrong
+        self.copy_limits = learned
+        log.info("%s: copychunk limits %d chunks of %d bytes, %d bytes a request", self.client.where,
+                 learned.chunks, learned.chunk_size, learned.total)
+        return True
+
+    async def _resume_key(self, file):
+        """The source's resume key from the current connection (a key from an older one kills Samba's)."""
+        fid = await self._handle(file)
+        if file.resume_key is None or file.key_generation != file.generation:
+            body = await self.client.call1(self.share, m.ioctl(fid, wire.FSCTL_SRV_REQUEST_RESUME_KEY, b"", 32),
+                                           file.generation, file.node.path or "")
+            file.resume_key = wire.ResumeKey.unpack(wire.IoctlResponse.output(body)).key
+            file.key_generation = file.generation
+        return file.resume_key

@@ -1,0 +1,162 @@
+"""The source URL and mount options of an SMB source, checked before anything connects.
+
+``smb://[DOMAIN;]user@host[:port]/share[/path]`` names the share; the options
+follow mount.cifs where they mean the same thing.  The password never comes
+from the URL or a mount option (both show in ``ps`` and /proc/mounts): it
+comes from a credentials file that only its owner can read, or from the
+PASSWD environment variable, as with mount.cifs.
+"""
+import os
+import stat
+from dataclasses import dataclass, field
+from urllib.parse import unquote, urlsplit
+
+from smbprotocol.connection import Dialects
+
+from .. import SourceError
+
+OPTIONS = frozenset({"credentials", "username", "domain", "file_mode", "dir_mode", "seal", "vers", "port"})
+
+DIALECTS = {
+    "2.1": Dialects.SMB_2_1_0,
+    "3": Dialects.SMB_3_0_0,
+    "3.0": Dialects.SMB_3_0_0,
+    "3.02": Dialects.SMB_3_0_2,
+    "3.0.2": Dialects.SMB_3_0_2,
+    "3.11": Dialects.SMB_3_1_1,
+    "3.1.1": Dialects.SMB_3_1_1,
+    "default": None,
+}
+CREDENTIAL_KEYS = ("username", "password", "domain")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Everything needed to reach one share; the password is kept out of repr()."""
+    host: str
+    port: int
+    share: str
+    path: str  # inside the share, backslash-separated; "" is the share's root
+    username: str
+    domain: str
+    password: str = field(repr=False)
+    dialect: int | None  # None: the newest both sides speak
+    seal: bool
+    file_mode: int
+    dir_mode: int
+
+    @property
+    def unc(self):
+        return f"\\\\{self.host}\\{self.share}"
+
+
+def parse(url, options, environ=os.environ):
+    """A Target from the URL and the backend options; ValueError says what is wrong."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "smb":
+        raise ValueError("not an smb:// URL")
+    if parts.password is not None:
+        # open_backend would quote the URL back, password and all.
+        raise SourceError("smb:// URL with a password: remove it and use -o credentials=FILE "
+                          "or the PASSWD environment variable")
+    host = parts.hostname
+    if not host:
+        raise ValueError("no server in the URL (smb://[user@]host[:port]/share[/path])")
+    try:
+        url_port = parts.port
+    except ValueError:
+        raise ValueError("the port in the URL is not a number from 1 to 65535") from None
+    names = [unquote(p) for p in parts.path.split("/") if p]
+    if not names:
+        raise ValueError("no share in the URL (smb://[user@]host[:port]/share[/path])")
+    for name in names:
+        if name in (".", "..") or "\\" in name or "\0" in name:
+            raise ValueError(f"bad path element {name!r} in the URL")
+    domain, user = "", unquote(parts.username) if parts.username else ""
+    if ";" in user:
+        domain, user = user.split(";", 1)
+
+    creds = read_credentials(options["credentials"]) if "credentials" in options else {}
+    user = _one_of("user name", user, _text(options, "username"), creds.get("username"))
+    domain = _one_of("domain", domain, _text(options, "domain"), creds.get("domain"))
+    if not user:
+        raise ValueError("no user name: give smb://user@host/share, -o username= or a credentials file")
+    password = creds.get("password", environ.get("PASSWD"))
+    if password is None:
+        raise ValueError("no password: give -o credentials=FILE or set PASSWD in the environment")
+    port = _one_of("port", url_port, _number(options, "port", 10), None) or 445
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port}: must be from 1 to 65535")
+    vers = _text(options, "vers") or "default"
+    if vers not in DIALECTS:
+        raise ValueError(f"vers={vers}: choose one of {', '.join(DIALECTS)}")
+    seal = options.get("seal", False)
+    if seal is not True and seal is not False:
+        raise ValueError("seal takes no value")
+    if seal and DIALECTS[vers] is not None and DIALECTS[vers] < Dialects.SMB_3_0_0:
+        raise ValueError(f"seal needs SMB 3 (vers={vers} has no encryption)")
+    return Target(host=host, port=port, share=names[0], path="\\".join(names[1:]), username=user,
+                  domain=domain or "", password=password, dialect=DIALECTS[vers], seal=seal,
+                  file_mode=_mode(options, "file_mode", 0o755), dir_mode=_mode(options, "dir_mode", 0o755))
+
+
+def read_credentials(path):
+    """username=/password=/domain= lines of a file only its owner may read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise ValueError(f"credentials file {path}: {e.strerror}") from None
+    with open(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"credentials file {path}: not a regular file")
+        if st.st_mode & 0o077:
+            raise ValueError(f"credentials file {path}: readable by group or others "
+                             f"(mode {stat.S_IMODE(st.st_mode):04o}); run chmod 600 {path}")
+        text = f.read().decode("utf-8", "replace")
+    creds = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.lstrip()
+        if not line or line.startswith("#"):
+            continue
+        key, eq, value = line.partition("=")
+        key = key.strip().lower()
+        if not eq or key not in CREDENTIAL_KEYS:
+            # Never quote the line: it may hold the password.
+            raise ValueError(f"credentials file {path}, line {number}: expected username=, password= or domain=")
+        creds[key] = value if key == "password" else value.strip()
+    return creds
+
+
+def _one_of(what, *values):
+    """The value given, or None; two different values are an error."""
+    given = {v for v in values if v not in (None, "")}
+    if len(given) > 1:
+        raise ValueError(f"{what} given twice with different values")
+    return given.pop() if given else None
+
+
+def _text(options, name):
+    value = options.get(name)
+    if value is True:
+        raise ValueError(f"{name}= needs a value")
+    return value
+
+
+def _number(options, name, base):
+    value = _text(options, name)
+    if value is None:
+        return None
+    try:
+        return int(value, base)
+    except ValueError:
+        raise ValueError(f"{name}={value}: not a number") from None
+
+
+def _mode(options, name, default):
+    mode = _number(options, name, 8)
+    if mode is None:
+        return default
+    if not 0 <= mode <= 0o7777:
+        raise ValueError(f"{name}={options[name]}: not a permission mode")
+    return mode

@@ -1,0 +1,473 @@
+"""The SMB backend against a real smbd (the Samba lab: btrfs and ext4 shares in a network namespace).
+
+Each test talks to the backend directly under trio, in a fresh directory of
+a share, and checks what it did on the server side too.
+"""
+import contextlib
+import errno
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import trio
+
+from offloadfs.backends import SourceError
+from offloadfs.backends.base import NotSupported
+from offloadfs.planner import Endpoint, Planner
+from offloadfs.stats import Stats
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the Samba lab needs root (namespaces, loop mounts)"),
+    pytest.mark.skipif(shutil.which("smbd") is None, reason="smbd is not installed (apt-get install samba)"),
+]
+
+smb = pytest.importorskip("offloadfs.backends.smb", reason="smbprotocol is not installed")
+samba = pytest.importorskip("offloadfs.lab.samba", reason="the Samba lab needs pyroute2")
+from offloadfs.backends.smb import capabilities, client as smb_client  # noqa: E402
+
+MiB = 1 << 20
+RW, CREATE = os.O_RDWR, os.O_RDWR | os.O_CREAT | os.O_EXCL
+OWNER = (0, 0)
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with samba.samba_lab(("btrfs", "ext4")) as lab:
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def creds(lab, tmp_path_factory):
+    path = tmp_path_factory.mktemp("smb") / "cred"
+    path.write_text(f"username={lab.server.username}\npassword={lab.server.password}\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+@pytest.fixture
+def connect(lab, creds):
+    """connect(share, **options) -> (backend, node of a fresh directory, its path on the server)."""
+    @contextlib.asynccontextmanager
+    async def connect(share="ext4", **options):
+        server = lab.server
+        backend = smb.SMBBackend(f"smb://{server.username}@{server.host}/{share}", {"credentials": creds, **options})
+        await backend.root()
+        try:
+            name = f"t-{uuid.uuid4().hex[:10]}"
+            root = backend.nodes[""]
+            node, _ = await backend.mkdir(root, name.encode(), 0o755, OWNER)
+            yield backend, node, server.shares[share].path / name
+        finally:
+            await backend.close()
+    return connect
+
+
+async def make_file(backend, dir, name, data):
+    node, _, file = await backend.create(dir, name, CREATE, 0o644, OWNER)
+    try:
+        assert await backend.write(file, 0, data) == len(data)
+    finally:
+        await backend.release(file)
+    return node
+
+
+def sha(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def connection_processes(server):
+    """The smbd processes serving client connections (the parent's helpers have other names)."""
+    pids = samba.server_pids(server.process.pid, str(server.conf)) - {server.process.pid}
+    return [p for p in pids if Path(f"/proc/{p}/comm").read_text().strip() == "smbd"]
+
+
+async def test_create_write_read_stat(connect):
+    async with connect() as (b, d, path):
+        data = os.urandom(3 * MiB + 123)
+        node, st, f = await b.create(d, b"f", CREATE, 0o644, OWNER)
+        assert st.size == 0 and st.mode == 0o100755  # file_mode's default, as mount.cifs
+        assert await b.write(f, 0, data) == len(data)
+        assert bytes(await b.read(f, 0, len(data) + 10)) == data
+        assert bytes(await b.read(f, len(data), 10)) == b""
+        st = await b.getattr(node, f)
+        assert (st.size, st.ino) == (len(data), node.ino)
+        await b.release(f)
+        assert (path / "f").read_bytes() == data
+        with pytest.raises(FileExistsError):
+            await b.create(d, b"f", CREATE, 0o644, OWNER)
+        node2, st2 = await b.lookup(d, b"f")
+        assert node2 is node and st2.ino == node.ino
+        with pytest.raises(FileNotFoundError):
+            await b.lookup(d, b"missing")
+        with pytest.raises(OSError) as e:
+            await b.lookup(d, b"a:stream")
+        assert e.value.errno == errno.EINVAL
+
+
+async def test_large_io_goes_in_parallel_pieces(connect):
+    async with connect() as (b, d, path):
+        assert b.client.io_size == 8 * MiB  # Samba's negotiated maximum
+        data = os.urandom(20 * MiB + 5)
+        node, _, f = await b.create(d, b"big", CREATE, 0o644, OWNER)
+        assert await b.write(f, 0, memoryview(data)) == len(data)
+        got = await b.read(f, 0, len(data))
+        await b.release(f)
+        assert sha(bytes(got)) == sha(data) == sha((path / "big").read_bytes())
+
+
+async def test_setattr(connect):
+    async with connect() as (b, d, path):
+        node = await make_file(b, d, b"f", b"x" * 1000)
+        st = await b.setattr(node, size=10, atime_ns=1_000_000_000_123_456_700, mtime_ns=1_500_000_000_999_999_900)
+        assert (st.size, st.atime_ns, st.mtime_ns) == (10, 1_000_000_000_123_456_700, 1_500_000_000_999_999_900)
+        server_side = os.stat(path / "f")
+        assert (server_side.st_size, server_side.st_mtime_ns) == (10, 1_500_000_000_999_999_900)
+        assert (await b.setattr(node, mode=0o444)).mode & 0o222 == 0  # read-only attribute
+        assert (await b.setattr(node, mode=0o644)).mode & 0o200
+        f = await b.open(node, RW | os.O_TRUNC)
+        assert (await b.getattr(node, f)).size == 0
+        assert (await b.setattr(node, f, size=4096)).size == 4096
+        await b.release(f)
+        await b.setattr(node, uid=1234, gid=1234)  # accepted and ignored, as by mount.cifs
+
+
+async def test_rename_moves_nodes_below(connect):
+    async with connect() as (b, d, path):
+        a, _ = await b.mkdir(d, b"a", 0o755, OWNER)
+        sub, _ = await b.mkdir(a, b"sub", 0o755, OWNER)
+        f = await make_file(b, sub, b"f", b"data")
+        await b.rename(d, b"a", d, b"b", 0)
+        assert (a.path, sub.path, f.path) == (f"{d.path}\\b", f"{d.path}\\b\\sub", f"{d.path}\\b\\sub\\f")
+        assert (await b.getattr(f)).size == 4
+        assert (path / "b" / "sub" / "f").read_bytes() == b"data"
+        other = await make_file(b, d, b"other", b"o")
+        with pytest.raises(FileExistsError):
+            await b.rename(sub, b"f", d, b"other", 1)  # RENAME_NOREPLACE
+        with pytest.raises(OSError) as e:
+            await b.rename(sub, b"f", d, b"other", 2)  # RENAME_EXCHANGE
+        assert e.value.errno == errno.EINVAL
+        await b.rename(sub, b"f", d, b"other", 0)
+        assert f.path == f"{d.path}\\other" and other.path is None  # the replaced node is stale
+        assert (path / "other").read_bytes() == b"data"
+        with pytest.raises(IsADirectoryError):
+            await b.rename(d, b"other", d, b"b", 0)
+        with pytest.raises(NotADirectoryError):
+            await b.rename(d, b"b", d, b"other", 0)
+        empty, _ = await b.mkdir(d, b"empty", 0o755, OWNER)
+        await b.rename(d, b"b", d, b"empty", 0)  # a directory replaces an empty one
+        assert a.path == f"{d.path}\\empty" and sub.path == f"{d.path}\\empty\\sub"
+
+
+async def test_unlink_rmdir_and_open_files(connect):
+    async with connect() as (b, d, path):
+        node, _, f = await b.create(d, b"open", CREATE, 0o644, OWNER)
+        await b.write(f, 0, b"still here")
+        await b.unlink(d, b"open")
+        assert bytes(await b.read(f, 0, 100)) == b"still here"  # delete on close
+        with pytest.raises(FileNotFoundError):
+            await b.lookup(d, b"open")
+        await b.release(f)
+        assert not (path / "open").exists()
+        ro = await make_file(b, d, b"readonly", b"r")
+        await b.setattr(ro, mode=0o444)
+        await b.unlink(d, b"readonly")  # POSIX: the directory's permission decides
+        sub, _ = await b.mkdir(d, b"sub", 0o755, OWNER)
+        await make_file(b, sub, b"f", b"")
+        with pytest.raises(OSError) as e:
+            await b.rmdir(d, b"sub")
+        assert e.value.errno == errno.ENOTEMPTY
+        with pytest.raises(IsADirectoryError):
+            await b.unlink(d, b"sub")
+        await b.unlink(sub, b"f")
+        await b.rmdir(d, b"sub")
+        assert list(path.iterdir()) == []
+
+
+async def test_readdir_pages_through_2000_files(connect):
+    async with connect() as (b, d, path):
+        names = {f"file-{i:05d}-{'x' * 40}" for i in range(2000)}
+        for name in names:
+            (path / name).touch()
+        (path / "dir").mkdir()
+        calls = 0
+        call = b.client.call
+
+        async def counting(*args):
+            nonlocal calls
+            calls += 1
+            return await call(*args)
+
+        b.client.call = counting
+        items = await b.listdir(d)
+        assert calls > 4  # 64 KiB pages: several QUERY_DIRECTORY round trips
+        assert {i.name.decode() for i in items} == names | {"dir"}
+        assert {i.type for i in items if i.name == b"dir"} == {4}
+        # Right after the listing, a lookup (or a stat) of an entry needs no round trip, once.
+        some = [i for i in items if i.name != b"dir"]
+        calls = 0
+        node, st = await b.lookup(d, some[0].name)
+        assert (calls, st.ino) == (0, some[0].ino)
+        assert (await b.getattr(node)).ino == some[0].ino and calls == 1
+        # A change made through us drops the listing.
+        await make_file(b, d, b"new", b"")
+        calls = 0
+        await b.lookup(d, some[1].name)
+        assert calls == 1
+
+
+async def test_hard_links_statfs_and_no_symlinks(connect):
+    async with connect() as (b, d, path):
+        f = await make_file(b, d, b"f", b"linked")
+        node, st = await b.link(f, d, b"g")
+        assert st.ino == f.ino and st.nlink == 2
+        assert os.stat(path / "g").st_ino == os.stat(path / "f").st_ino
+        s = await b.statfs(d)
+        assert s.blocks > 0 and 0 < s.bavail <= s.blocks and s.bsize > 0
+        with pytest.raises(OSError) as e:
+            await b.symlink(d, b"l", b"f", OWNER)
+        assert e.value.errno == errno.EOPNOTSUPP
+
+
+async def test_xattrs_are_user_eas(connect):
+    async with connect() as (b, d, path):
+        f = await make_file(b, d, b"f", b"")
+        await b.setxattr(f, b"user.colour", b"blue", 0)
+        assert await b.getxattr(f, b"user.colour") == b"blue"
+        assert await b.listxattr(f) == [b"user.colour"]
+        with pytest.raises(FileExistsError):
+            await b.setxattr(f, b"user.colour", b"red", os.XATTR_CREATE)
+        await b.setxattr(f, b"user.colour", b"red", os.XATTR_REPLACE)
+        assert os.getxattr(path / "f", "user.colour") == b"red"  # Samba keeps EAs as user.* xattrs
+        await b.removexattr(f, b"user.colour")
+        assert await b.listxattr(f) == []
+        for call in (b.getxattr(f, b"user.colour"), b.getxattr(f, b"security.capability"),
+                     b.removexattr(f, b"user.colour")):
+            with pytest.raises(OSError) as e:
+                await call
+            assert e.value.errno == errno.ENODATA
+        with pytest.raises(OSError) as e:
+            await b.setxattr(f, b"trusted.x", b"1", 0)
+        assert e.value.errno == errno.EOPNOTSUPP
+
+
+async def copy_loop(method, src_file, dst_file, length):
+    """What the planner does: call until done, a short count continues from where it stopped."""
+    counts = []
+    while sum(counts) < length:
+        n = await method(src_file, sum(counts), dst_file, sum(counts), length - sum(counts))
+        assert n > 0
+        counts.append(n)
+    return counts
+
+
+async def test_server_copy_short_counts_and_learned_limits(connect, monkeypatch):
+    async with connect("ext4") as (b, d, path):
+        data = os.urandom(40 * MiB + 1234)
+        src = await make_file(b, d, b"src", data)
+        sf = await b.open(src, os.O_RDONLY)
+        _, _, df = await b.create(d, b"dst", CREATE, 0o644, OWNER)
+        monkeypatch.setattr(capabilities, "COPY_PER_CALL", 12 * MiB)
+        b.copy_limits = capabilities.CopyLimits(1024, 4 * MiB, 1 << 30)  # more than Samba takes
+        counts = await copy_loop(b.server_copy, sf, df, len(data))
+        assert counts == [12 * MiB, 12 * MiB, 12 * MiB, 4 * MiB + 1234]
+        # Samba's refusal named its limits: 256 chunks of 1 MiB, 16 MiB a request.
+        limits = b.copy_limits
+        assert (limits.chunks, limits.chunk_size, limits.total) == (256, MiB, 16 * MiB)
+        # Past the source's end the server copies nothing: a zero count, not an error.
+        assert await b.server_copy(sf, len(data), df, len(data), MiB) == 0
+        await b.release(sf)
+        await b.release(df)
+        assert sha((path / "dst").read_bytes()) == sha(data)
+
+
+async def test_planner_uses_server_copy_on_ext4_and_clone_on_btrfs(connect):
+    for share, method in (("ext4", "server_copy"), ("btrfs", "clone")):
+        async with connect(share) as (b, d, path):
+            data = os.urandom(20 * MiB + 77)
+            src = await make_file(b, d, b"src", data)
+            sf = await b.open(src, os.O_RDONLY)
+            dst, _, df = await b.create(d, b"dst", CREATE, 0o644, OWNER)
+            stats = Stats("/mnt", {})
+            start = time.monotonic()
+            n = await Planner(stats).copy(Endpoint(b, src, sf, "s"), 0, Endpoint(b, dst, df, "d"), 0, 1 << 40)
+            took = time.monotonic() - start
+            await b.release(sf)
+            await b.release(df)
+            assert n == len(data)
+            assert stats.copy_bytes[method] == len(data), stats.copy_bytes
+            assert sha((path / "dst").read_bytes()) == sha(data)
+            print(f"\n{share}: 20 MiB by {method} in {took * 1000:.1f} ms")
+
+
+async def test_duplicate_extents_on_btrfs(connect):
+    async with connect("btrfs") as (b, d, path):
+        assert b.can_clone
+        data = os.urandom(10 * MiB + 1000)
+        src = await make_file(b, d, b"src", data)
+        sf = await b.open(src, os.O_RDONLY)
+        _, _, df = await b.create(d, b"whole", CREATE, 0o644, OWNER)
+        # An unaligned end is fine where it is the source's end; the empty destination is sized first.
+        assert await b.clone_range(sf, 0, df, 0, len(data)) == len(data)
+        await b.release(df)
+        assert sha((path / "whole").read_bytes()) == sha(data)
+        assert "shared" in subprocess.run(["filefrag", "-v", str(path / "whole")], capture_output=True,
+                                          text=True).stdout
+        _, _, df = await b.create(d, b"part", CREATE, 0o644, OWNER)
+        # An unaligned end inside the file: the aligned part is cloned, the rest left to another method.
+        assert await b.clone_range(sf, 4096, df, 4096, 5 * MiB + 100) == 5 * MiB
+        with pytest.raises(NotSupported):
+            await b.clone_range(sf, 100, df, 100, MiB)
+        await b.release(df)
+        await b.release(sf)
+        assert (path / "part").read_bytes()[4096:] == data[4096:4096 + 5 * MiB]
+
+
+async def test_copies_across_shares_of_one_connection(connect):
+    async with connect("btrfs") as (bt, dt, path_t), connect("ext4") as (be, de, path_e):
+        assert bt.client is be.client and bt.shares_server_with(be) and be.shares_server_with(bt)
+        data = os.urandom(3 * MiB)
+        sf = await bt.open(await make_file(bt, dt, b"src", data), os.O_RDONLY)
+        _, _, df = await be.create(de, b"from-btrfs", CREATE, 0o644, OWNER)
+        assert await copy_loop(be.server_copy, sf, df, len(data)) == [len(data)]
+        with pytest.raises(NotSupported):
+            await be.clone_range(sf, 0, df, 0, len(data))  # Samba finds handles only on their own share
+        await be.release(df)
+        await bt.release(sf)
+        assert (path_e / "from-btrfs").read_bytes() == data
+        # Into btrfs from ext4: refused up front (Samba's vfs_btrfs would crash on the foreign key).
+        sf = await be.open(await make_file(be, de, b"src", data), os.O_RDONLY)
+        _, _, df = await bt.create(dt, b"from-ext4", CREATE, 0o644, OWNER)
+        with pytest.raises(NotSupported):
+            await bt.server_copy(sf, 0, df, 0, len(data))
+        await bt.release(df)
+        await be.release(sf)
+        assert (await be.getattr(de)).ino == de.ino  # the connection is fine
+
+
+async def test_seek_and_punch_holes(connect):
+    async with connect("ext4") as (b, d, path):
+        node, _, f = await b.create(d, b"sparse", CREATE, 0o644, OWNER)
+        await b.write(f, 0, b"d" * (8 * MiB))
+        assert await b.seek(f, 0, capabilities.SEEK_HOLE) == 8 * MiB  # not sparse yet: all data
+        # 600 holes: more ranges than the first 4 KiB answer buffer holds (Samba then says BUFFER_TOO_SMALL).
+        for i in range(600):
+            await b.allocate(f, 3, i * 8192, 4096)
+        assert (await b.getattr(node, f)).size == 8 * MiB
+        fd = os.open(path / "sparse", os.O_RDONLY)
+        try:
+            for offset in (0, 4096, 4097, 8192, 600 * 8192 - 1, 600 * 8192, 7 * MiB):
+                for whence in (os.SEEK_DATA, os.SEEK_HOLE):
+                    assert await b.seek(f, offset, whence) == os.lseek(fd, offset, whence), (offset, whence)
+        finally:
+            os.close(fd)
+        with pytest.raises(OSError) as e:
+            await b.seek(f, 8 * MiB, os.SEEK_DATA)
+        assert e.value.errno == errno.ENXIO
+        assert (path / "sparse").read_bytes()[:8192] == bytes(4096) + b"d" * 4096
+        await b.allocate(f, 0, 0, 9 * MiB)  # plain allocation past the end grows the file
+        assert (await b.getattr(node, f)).size == 9 * MiB
+        with pytest.raises(OSError) as e:
+            await b.allocate(f, 0x10, 0, 4096)  # FALLOC_FL_ZERO_RANGE
+        assert e.value.errno == errno.EOPNOTSUPP
+        await b.release(f)
+
+
+async def test_sealed_and_older_dialects(connect):
+    for options in ({"seal": True}, {"vers": "3.0"}, {"vers": "2.1"}):
+        async with connect(**options) as (b, d, path):
+            data = os.urandom(MiB + 3)
+            node = await make_file(b, d, b"f", data)
+            f = await b.open(node, os.O_RDONLY)
+            assert bytes(await b.read(f, 0, len(data))) == data
+            await b.release(f)
+            session = b.client.session
+            assert session.encrypt_data == bool(options.get("seal")), options
+
+
+async def test_bad_sources_fail_clearly_and_never_show_the_password(lab, tmp_path):
+    server = lab.server
+    secret = "Wr0ng-but-s3cret"
+    cred = tmp_path / "cred"
+    cred.write_text(f"username={server.username}\npassword={secret}\n")
+    cred.chmod(0o600)
+    cases = [
+        (f"smb://{server.username}@{server.host}/ext4", "logon failure for user offloadfs-lab on"),
+        (f"smb://{server.username}@{server.host}:1/ext4", "cannot connect to"),
+    ]
+    for url, message in cases:
+        backend = smb.SMBBackend(url, {"credentials": str(cred)})
+        start = time.monotonic()
+        with pytest.raises(SourceError) as e:
+            await backend.root()
+        assert message in str(e.value) and time.monotonic() - start < 5
+        assert secret not in str(e.value) and secret not in repr(e.value)
+        assert backend.client is None
+    good = cred.with_name("good")
+    good.write_text(f"password={server.password}\n")
+    good.chmod(0o600)
+    for share, message in (("nope", "no such share"), ("ext4/no/dir", "no such directory")):
+        backend = smb.SMBBackend(f"smb://{server.username}@{server.host}/{share}", {"credentials": str(good)})
+        with pytest.raises(SourceError, match=message) as e:
+            await backend.root()
+        assert server.password not in str(e.value)
+
+
+async def test_reconnect_after_server_restart(lab, connect):
+    server = lab.server
+    async with connect() as (b, d, path):
+        node, _, f = await b.create(d, b"f", CREATE, 0o644, OWNER)
+        await b.write(f, 0, b"before ")
+        generation = b.client.generation
+        await trio.to_thread.run_sync(server.kill)
+        start = time.monotonic()
+        with pytest.raises(OSError) as e:  # no server: a quick EIO, not a hang
+            await b.getattr(d)
+        assert e.value.errno == errno.EIO and "cannot connect to" in str(e.value)
+        assert time.monotonic() - start < 2
+        await trio.to_thread.run_sync(server.start)
+        # The dead connection is noticed, a new one made, the handle reopened by path.
+        assert await b.write(f, 7, b"after") == 5
+        assert bytes(await b.read(f, 0, 100)) == b"before after"
+        assert b.client.generation == generation + 1
+        assert (await b.getattr(d)).ino == d.ino
+        await b.release(f)
+        assert (path / "f").read_bytes() == b"before after"
+
+
+async def test_a_server_that_stops_answering_fails_requests_not_the_mount(lab, connect, monkeypatch):
+    server = lab.server
+    monkeypatch.setattr(smb_client, "IO_TIMEOUT", 1)
+    async with connect() as (b, d, path):
+        stopped = connection_processes(server)
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            with pytest.raises(OSError) as e:
+                await b.getattr(d)
+            assert e.value.errno == errno.EIO and "did not answer in 1 s" in str(e.value)
+            assert time.monotonic() - start < 3
+            assert (await b.getattr(d)).ino == d.ino  # a new connection
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+
+
+async def test_interrupted_requests_leave_nothing_behind(connect):
+    async with connect() as (b, d, path):
+        data = os.urandom(24 * MiB)
+        f = await b.open(await make_file(b, d, b"f", data), os.O_RDONLY)
+        with trio.move_on_after(0.005) as scope:
+            await b.read(f, 0, len(data))  # three 8 MiB reads in flight, then interrupted
+        assert scope.cancelled_caught
+        with trio.fail_after(5):
+            while b.client.conn.outstanding_requests:  # their answers come, and are dropped
+                await trio.sleep(0.01)
+        assert bytes(await b.read(f, MiB, 10)) == data[MiB:MiB + 10]
+        await b.release(f)

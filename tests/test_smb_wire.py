@@ -1,0 +1,245 @@
+"""SMB wire structures: packing matches the specs' layouts, parsing round-trips, and
+hostile or truncated replies raise WireError (never IndexError, never a loop)."""
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from offloadfs.backends.smb import info, wire
+from offloadfs.backends.smb.wire import WireError
+
+HEADER = wire.HEADER_SIZE
+
+
+def query_body(buffer, offset=HEADER + 8):
+    """A QUERY_INFO / QUERY_DIRECTORY response body holding ``buffer``."""
+    return struct.pack("<HHI", 9, offset, len(buffer)) + buffer
+
+
+def ioctl_body(output, offset=HEADER + 48, count=None):
+    head = struct.pack("<HHI16sIIIIII", 49, 0, 0, b"\0" * 16, 0, 0, offset, len(output) if count is None else count,
+                       0, 0)
+    return head + output
+
+
+def dir_entry(name, file_id, attrs=0, eof=0, next_offset=0):
+    raw = name.encode("utf-16-le")
+    fixed = info.FileIdBothDirectoryInformation.FORMAT.pack(
+        next_offset, 0, 1, 2, 3, 4, eof, 4096, attrs, len(raw), 0, 0, b"\0" * 24, file_id)
+    return fixed + raw
+
+
+def all_information(file_id, attrs, eof, nlink, times=(0, 0, 0, 0)):
+    basic = struct.pack("<qqqqI4x", *times, attrs)
+    standard = struct.pack("<qqIBBxx", 8192, eof, nlink, 0, bool(attrs & info.ATTR_DIRECTORY))
+    rest = struct.pack("<qIIqIII", file_id, 0, 0, 0, 0, 0, 0)
+    return basic + standard + rest
+
+
+# -- response bodies -----------------------------------------------------------------
+
+
+def test_create_response():
+    body = wire.CreateResponse.FORMAT.pack(89, 0, 0, 2, 1, 2, 3, 4, 4096, 1234, 0x20, 0, b"F" * 16, 0, 0)
+    r = wire.CreateResponse.unpack(body)
+    assert (r.create_action, r.end_of_file, r.attributes, r.file_id) == (2, 1234, 0x20, b"F" * 16)
+    with pytest.raises(WireError, match="CREATE"):
+        wire.CreateResponse.unpack(body[:60])
+
+
+def test_read_response_data_is_a_view_at_the_offset():
+    data = b"0123456789"
+    body = struct.pack("<HBxII4x", 17, HEADER + 16, len(data), 0) + data
+    view = wire.ReadResponse.data(body)
+    assert isinstance(view, memoryview) and bytes(view) == data
+    # Offsets pointing before the body or past its end are refused.
+    for offset, length in ((HEADER + 16, 11), (HEADER - 1, 1), (10, 5)):
+        bad = struct.pack("<HBxII4x", 17, offset, length, 0) + data
+        with pytest.raises(WireError, match="READ"):
+            wire.ReadResponse.data(bad)
+    with pytest.raises(WireError):
+        wire.ReadResponse.data(body[:8])
+
+
+def test_write_response_count():
+    assert wire.WriteResponse.count(struct.pack("<H2xIIHH", 17, 4096, 0, 0, 0)) == 4096
+    with pytest.raises(WireError):
+        wire.WriteResponse.count(b"\x11\x00")
+
+
+def test_query_response_buffer_bounds():
+    assert bytes(wire.QueryResponse.buffer(query_body(b"abc"))) == b"abc"
+    assert bytes(wire.QueryResponse.buffer(struct.pack("<HHI", 9, 0, 0))) == b""
+    with pytest.raises(WireError, match="outside"):
+        wire.QueryResponse.buffer(struct.pack("<HHI", 9, HEADER + 8, 100) + b"abc")
+
+
+def test_ioctl_output_bounds():
+    assert bytes(wire.IoctlResponse.output(ioctl_body(b"out"))) == b"out"
+    with pytest.raises(WireError):
+        wire.IoctlResponse.output(ioctl_body(b"out", count=4))
+    with pytest.raises(WireError):
+        wire.IoctlResponse.output(ioctl_body(b"out", offset=0))
+
+
+# -- FSCTL structures -------------------------------------------------------------------
+
+
+def test_resume_key():
+    key = bytes(range(24))
+    assert wire.ResumeKey.unpack(key + b"\0\0\0\0").key == key
+    with pytest.raises(WireError, match="RESUME_KEY"):
+        wire.ResumeKey.unpack(key)
+
+
+def test_copychunk_copy_layout():
+    key = b"K" * 24
+    packed = wire.CopyChunkCopy(key, [(0, 4096, 1 << 20), (1 << 20, 5 << 20, 77)]).pack()
+    assert len(packed) == 32 + 2 * 24
+    assert packed[:24] == key and struct.unpack_from("<II", packed, 24) == (2, 0)
+    assert struct.unpack_from("<QQII", packed, 32) == (0, 4096, 1 << 20, 0)
+    assert struct.unpack_from("<QQII", packed, 56) == (1 << 20, 5 << 20, 77, 0)
+
+
+def test_copychunk_response():
+    r = wire.CopyChunkResponse.unpack(struct.pack("<III", 256, 1 << 20, 16 << 20))
+    assert (r.chunks_written, r.chunk_bytes_written, r.total_bytes_written) == (256, 1 << 20, 16 << 20)
+    with pytest.raises(WireError):
+        wire.CopyChunkResponse.unpack(b"\0" * 11)
+
+
+def test_duplicate_extents_layout():
+    packed = wire.DuplicateExtents(b"S" * 16, 4096, 8192, 1 << 30).pack()
+    assert len(packed) == 40
+    assert struct.unpack("<16sqqq", packed) == (b"S" * 16, 4096, 8192, 1 << 30)
+
+
+def test_allocated_ranges():
+    ranges = [wire.AllocatedRange(0, 4096), wire.AllocatedRange(1 << 20, 1 << 20)]
+    data = b"".join(r.pack() for r in ranges)
+    assert wire.AllocatedRange.unpack_list(data) == ranges
+    assert wire.AllocatedRange.unpack_list(b"") == []
+    with pytest.raises(WireError, match="whole number"):
+        wire.AllocatedRange.unpack_list(data[:-1])
+    with pytest.raises(WireError, match="negative"):
+        wire.AllocatedRange.unpack_list(struct.pack("<qq", 0, -1))
+
+
+def test_zero_data():
+    assert wire.ZeroData(4096, 8192).pack() == struct.pack("<qq", 4096, 8192)
+
+
+# -- information classes ---------------------------------------------------------------------
+
+
+def test_filetime_round_trip():
+    for ns in (0 + 100, 1_500_000_000_123_456_700, 10**18):
+        assert info.from_filetime(info.to_filetime(ns)) == ns
+    assert info.from_filetime(0) == 0  # "no time": not 1601
+    assert info.to_filetime(0) == info.FILETIME_EPOCH
+
+
+def test_file_all_information():
+    t = info.to_filetime(1_600_000_000_000_000_000)
+    a = info.FileAllInformation.unpack(all_information(77, info.ATTR_DIRECTORY, 0, 3, (t, t + 1, t + 2, t + 3)))
+    assert (a.file_id, a.is_dir, a.nlink, a.size, a.allocation) == (77, True, 3, 0, 8192)
+    assert (a.atime_ns, a.mtime_ns, a.ctime_ns) == (1_600_000_000_000_000_100, 1_600_000_000_000_000_200,
+                                                    1_600_000_000_000_000_300)
+    with pytest.raises(WireError, match="FileAllInformation"):
+        info.FileAllInformation.unpack(all_information(1, 0, 0, 1)[:71])
+
+
+def test_file_standard_information():
+    assert info.FileStandardInformation.end_of_file(struct.pack("<qqIBBxx", 4096, 123, 1, 0, 0)) == 123
+    with pytest.raises(WireError):
+        info.FileStandardInformation.end_of_file(b"\0" * 10)
+
+
+def test_directory_chain():
+    first = dir_entry("één", 1, eof=5)
+    first += b"\0" * (-len(first) % 8)
+    second = dir_entry("dir", 2, attrs=info.ATTR_DIRECTORY)
+    second += b"\0" * (-len(second) % 8)
+    chain = (struct.pack("<I", len(first)) + first[4:] + struct.pack("<I", len(second)) + second[4:]
+             + dir_entry("last", 3))
+    entries = info.FileIdBothDirectoryInformation.unpack_list(chain)
+    assert [(n, a.file_id, a.is_dir, a.size) for n, a in entries] == [
+        ("één", 1, False, 5), ("dir", 2, True, 0), ("last", 3, False, 0)]
+
+
+def test_directory_hostile_chains():
+    one = dir_entry("x", 1)
+    with pytest.raises(WireError, match="next entry"):  # points at itself: would loop forever
+        info.FileIdBothDirectoryInformation.unpack_list(struct.pack("<I", 8) + one[4:])
+    with pytest.raises(WireError, match="next entry"):  # points past the end
+        info.FileIdBothDirectoryInformation.unpack_list(struct.pack("<I", 4096) + one[4:])
+    with pytest.raises(WireError, match="name"):  # name longer than the reply
+        info.FileIdBothDirectoryInformation.unpack_list(one[:-1])
+    with pytest.raises(WireError):
+        info.FileIdBothDirectoryInformation.unpack_list(one[:50])
+
+
+def test_fs_information():
+    s = info.FileFsFullSizeInformation.unpack(struct.pack("<qqqII", 1000, 400, 500, 8, 512))
+    assert (s.total_units, s.caller_available_units, s.actual_available_units) == (1000, 400, 500)
+    a = info.FileFsAttributeInformation.unpack(struct.pack("<IiI", 0x08000000, 255, 0))
+    assert a.attributes & info.FS_SUPPORTS_BLOCK_REFCOUNTING and a.max_name_length == 255
+    with pytest.raises(WireError):
+        info.FileFsAttributeInformation.unpack(b"\0" * 8)
+
+
+def test_set_information_layouts():
+    basic = info.FileBasicInformation(atime_ns=None, mtime_ns=1_000_000_000, attributes=info.ATTR_NORMAL).pack()
+    assert struct.unpack("<qqqqI4x", basic) == (0, 0, info.to_filetime(1_000_000_000), 0, info.ATTR_NORMAL)
+    assert info.FileEndOfFileInformation(5).pack() == struct.pack("<q", 5)
+    rename = info.FileRenameInformation(True, "a\\b").pack()
+    assert rename[:20] == struct.pack("<B7xQI", 1, 0, 6) and rename[20:] == "a\\b".encode("utf-16-le")
+    assert info.FileDispositionInformation().pack() == b"\1"
+    assert info.GetEa(b"foo").pack() == struct.pack("<IB", 0, 3) + b"foo\0"
+
+
+def test_full_ea_layout_and_round_trip():
+    eas = [info.FullEa(b"a", b"1"), info.FullEa(b"long.name", b"value" * 10), info.FullEa(b"z", b"")]
+    packed = info.FullEa.pack_list(eas)
+    offset = 0
+    for ea in eas[:-1]:
+        next_offset = struct.unpack_from("<I", packed, offset)[0]
+        assert next_offset % 4 == 0 and next_offset >= 8 + len(ea.name) + 1 + len(ea.value)
+        offset += next_offset
+    assert struct.unpack_from("<I", packed, offset)[0] == 0
+    assert info.FullEa.unpack_list(packed) == eas
+
+
+def test_full_ea_hostile():
+    entry = info.FullEa.pack_list([info.FullEa(b"name", b"value")])
+    with pytest.raises(WireError, match="outside"):
+        info.FullEa.unpack_list(entry[:-1])
+    overlapping = struct.pack("<I", 4) + entry[4:] + entry
+    with pytest.raises(WireError, match="overlap"):
+        info.FullEa.unpack_list(overlapping)
+
+
+@given(st.lists(st.tuples(st.binary(min_size=1, max_size=20), st.binary(max_size=40)), max_size=5))
+def test_full_ea_round_trip_property(pairs):
+    eas = [info.FullEa(n, v) for n, v in pairs]
+    assert info.FullEa.unpack_list(info.FullEa.pack_list(eas)) == eas
+
+
+PARSERS = [
+    wire.CreateResponse.unpack, wire.ReadResponse.data, wire.WriteResponse.count, wire.QueryResponse.buffer,
+    wire.IoctlResponse.output, wire.ResumeKey.unpack, wire.CopyChunkResponse.unpack,
+    wire.AllocatedRange.unpack_list, info.FileAllInformation.unpack, info.FileStandardInformation.end_of_file,
+    info.FileIdBothDirectoryInformation.unpack_list, info.FileFsFullSizeInformation.unpack,
+    info.FileFsAttributeInformation.unpack, info.FullEa.unpack_list,
+]
+
+
+@pytest.mark.parametrize("parse", PARSERS, ids=lambda p: p.__qualname__)
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=300))
+def test_garbage_raises_only_wire_error(parse, data):
+    try:
+        parse(data)
+    except WireError:
+        pass
