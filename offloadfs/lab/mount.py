@@ -43,7 +43,9 @@ def mount_args(sources_or_source, mountpoint, options=()):
 
 def status(mountpoint):
     """The mount's `offloadfs status --json` object."""
-    proc = offloadfs_cli("status", mountpoint, "--json", check=True)
+    proc = offloadfs_cli("status", mountpoint, "--json")
+    if proc.returncode != 0:
+        raise RuntimeError(f"offloadfs status {mountpoint}: {proc.stderr.strip()}")
     return json.loads(proc.stdout)
 
 

@@ -1,0 +1,74 @@
+"""Fixtures for tests that mount offloadfs for real and drive it with real tools.
+
+Backing filesystems are loop images made once per session (making one per
+test would dominate the runtime); each test gets its own fresh directory on
+them and its own mounts, all removed after the test.
+"""
+
+import os
+import shutil
+import uuid
+from contextlib import ExitStack
+
+import pytest
+from mpkit import Mount
+
+from offloadfs.lab.loopfs import loop_filesystem
+from offloadfs.lab.mount import offloadfs_mount
+
+
+@pytest.fixture(autouse=True)
+def _need_root():
+    if os.geteuid() != 0:
+        pytest.skip("needs root: mounts and loop devices")
+
+
+@pytest.fixture(scope="session")
+def loopfs():
+    """kind -> root of a loop filesystem, made on first use."""
+    with ExitStack() as stack:
+        roots = {}
+
+        def get(kind):
+            if kind not in roots:
+                roots[kind] = stack.enter_context(loop_filesystem(kind))
+            return roots[kind]
+
+        yield get
+
+
+@pytest.fixture
+def backing(loopfs):
+    """Factory: backing(kind) -> a new empty directory on that filesystem."""
+    made = []
+
+    def make(kind="ext4"):
+        path = loopfs(kind) / f"t-{uuid.uuid4().hex[:10]}"
+        path.mkdir()
+        made.append(path)
+        return path
+
+    yield make
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def mount(backing):
+    """Factory: mount(source or {name: source}, options) -> Mount.
+
+    Depends on `backing` so mounts come down before their directories go.
+    """
+    with ExitStack() as stack:
+
+        def make(source, options=()):
+            path = stack.enter_context(offloadfs_mount(source, options=options))
+            return Mount(path, source)
+
+        yield make
+
+
+@pytest.fixture
+def mnt(mount, backing):
+    """A default mount of a fresh directory on ext4."""
+    return mount(backing("ext4"))

@@ -1,0 +1,64 @@
+"""mount(8) integration: `mount -t offloadfs` and fstab entries.
+
+mount(8) finds /sbin/mount.offloadfs; the fixture links it to this venv's
+helper and removes the link again if it made it.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from mpkit import sh
+
+from offloadfs.lab.loopfs import is_mounted
+from offloadfs.lab.mount import unmount
+
+LINK = Path("/sbin/mount.offloadfs")
+
+
+@pytest.fixture
+def helper():
+    target = Path(sys.executable).parent / "mount.offloadfs"
+    assert target.exists(), f"{target} missing: install offloadfs into this venv"
+    made = not LINK.exists()
+    if made:
+        LINK.symlink_to(target)
+    yield
+    if made:
+        LINK.unlink()
+
+
+@pytest.fixture
+def mountpoint():
+    path = Path(tempfile.mkdtemp(prefix="offloadfs-mp-"))
+    yield path
+    unmount(path)
+    path.rmdir()
+
+
+def test_mount_t_offloadfs(helper, backing, mountpoint):
+    src = backing()
+    (src / "f").write_bytes(b"hello")
+    sh("mount", "-t", "offloadfs", src, mountpoint, "-o", "uid=4321,noatime")
+    assert is_mounted(mountpoint)
+    assert (mountpoint / "f").read_bytes() == b"hello"
+    assert os.stat(mountpoint / "f").st_uid == 4321
+
+
+@pytest.mark.parametrize("how", ["mount -T FILE MP", "mount -a -T FILE"])
+def test_fstab_entry(helper, backing, mountpoint, tmp_path, how):
+    src = backing()
+    (src / "f").write_bytes(b"from fstab")
+    options = "defaults,noauto,nofail,_netdev,x-systemd.automount"
+    if "-a" in how:
+        options = "defaults,nofail,_netdev"  # -a skips noauto entries
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"file://{src} {mountpoint} offloadfs {options} 0 0\n")
+    cmd = how.replace("FILE", str(fstab)).replace("MP", str(mountpoint)).split()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert is_mounted(mountpoint)
+    assert (mountpoint / "f").read_bytes() == b"from fstab"

@@ -1,0 +1,126 @@
+"""Mount options change what the mount does, checked by their effects."""
+
+import errno
+import os
+import random
+import stat
+
+import pytest
+from mpkit import MiB, sh, sha256, write_file
+
+
+def expect_errno(code, fn, *args):
+    with pytest.raises(OSError) as err:
+        fn(*args)
+    assert err.value.errno == code, err.value
+
+
+def test_ro_refuses_writes(backing, mount):
+    src = backing()
+    (src / "f").write_bytes(b"keep")
+    (src / "d").mkdir()
+    mnt = mount(src, ["ro"])
+    assert (mnt.path / "f").read_bytes() == b"keep"
+    expect_errno(errno.EROFS, open, mnt.path / "f", "r+b")
+    expect_errno(errno.EROFS, open, mnt.path / "new", "wb")
+    expect_errno(errno.EROFS, os.mkdir, mnt.path / "dir")
+    expect_errno(errno.EROFS, os.unlink, mnt.path / "f")
+    expect_errno(errno.EROFS, os.rmdir, mnt.path / "d")
+    expect_errno(errno.EROFS, os.chmod, mnt.path / "f", 0o777)
+    assert sorted(os.listdir(src)) == ["d", "f"]
+    assert (src / "f").read_bytes() == b"keep"
+
+
+def test_uid_gid(backing, mount):
+    src = backing()
+    (src / "f").write_bytes(b"x")
+    (src / "d").mkdir()
+    mnt = mount(src, ["uid=1234", "gid=2345"])
+    for path in (mnt.path, mnt.path / "f", mnt.path / "d"):
+        st = os.stat(path)
+        assert (st.st_uid, st.st_gid) == (1234, 2345), path
+    assert os.stat(src / "f").st_uid == 0
+
+
+def test_umask(backing, mount):
+    src = backing()
+    for name, mode in (("wide", 0o777), ("file", 0o666)):
+        (src / name).write_bytes(b"x")
+        os.chmod(src / name, mode)
+    (src / "dir").mkdir()
+    os.chmod(src / "dir", 0o777)
+    mnt = mount(src, ["umask=027"])
+    assert stat.S_IMODE(os.stat(mnt.path / "wide").st_mode) == 0o750
+    assert stat.S_IMODE(os.stat(mnt.path / "dir").st_mode) == 0o750
+    assert stat.S_IMODE(os.stat(mnt.path / "file").st_mode) & 0o027 == 0
+
+
+def test_offload_off_streams(backing, mount):
+    src = backing("btrfs")
+    mnt = mount(src, ["offload=off"])
+    digest = write_file(mnt.path / "a", 8 * MiB + 1)
+    sh("cp", mnt.path / "a", mnt.path / "b")
+    assert sha256(src / "b") == digest
+    counters = mnt.counters()
+    assert {m for m, n in counters["copies"].items() if n} == {"stream"}, counters
+    assert counters["copy_bytes"]["stream"] == 8 * MiB + 1
+
+
+@pytest.mark.parametrize("passthrough", [True, False])
+def test_passthrough_bypasses_daemon(passthrough, backing, mount):
+    src = backing()
+    digest = write_file(src / "in", 32 * MiB)
+    mnt = mount(src, ["passthrough"] if passthrough else [])
+    before = mnt.counters()
+    assert sha256(mnt.path / "in") == digest
+    read = mnt.counters()["fuse_read_bytes"] - before["fuse_read_bytes"]
+    if passthrough:
+        assert read < MiB
+    else:  # the control: without passthrough every byte passes the daemon
+        assert read >= 32 * MiB
+    sh("dd", "if=/dev/zero", f"of={mnt.path / 'out'}", "bs=1M", "count=16", "conv=fsync",
+       "status=none")
+    assert (src / "out").read_bytes() == bytes(16 * MiB)
+    digest = write_file(mnt.path / "rand", 5 * MiB + 7)
+    assert sha256(src / "rand") == digest == sha256(mnt.path / "rand")
+
+
+def test_writeback_cache_random_writes(backing, mount):
+    src = backing()
+    mnt = mount(src, ["writeback_cache"])
+    rng = random.Random(7)
+    model = bytearray()
+    with open(mnt.path / "f", "w+b") as f:
+        for _ in range(300):
+            off, data = rng.randrange(2 * MiB), rng.randbytes(rng.randrange(1, 70_000))
+            f.seek(off)
+            f.write(data)
+            model[len(model):off] = bytes(max(0, off - len(model)))
+            model[off : off + len(data)] = data
+            if rng.random() < 0.05:
+                f.truncate(size := rng.randrange(2 * MiB))
+                del model[size:]
+                model.extend(bytes(size - len(model)))
+        f.flush()
+        os.fsync(f.fileno())
+    assert (mnt.path / "f").read_bytes() == model
+    assert (src / "f").read_bytes() == model
+
+
+def test_attr_timeout_zero_sees_backing_changes(backing, mount):
+    src = backing()
+    mnt = mount(src, ["attr_timeout=0", "entry_timeout=0"])
+    (src / "f").write_bytes(b"12")
+    assert os.stat(mnt.path / "f").st_size == 2
+    (src / "f").write_bytes(b"12345")
+    assert os.stat(mnt.path / "f").st_size == 5
+    os.unlink(src / "f")
+    assert not (mnt.path / "f").exists()
+
+
+def test_debug_and_ignored_fstab_options(backing, mount):
+    src = backing()
+    mnt = mount(src, ["debug", "defaults", "noauto", "nofail", "_netdev", "x-systemd.foo=1", "rw"])
+    digest = write_file(mnt.path / "a", MiB)
+    sh("cp", mnt.path / "a", mnt.path / "b")
+    assert sha256(src / "b") == digest
