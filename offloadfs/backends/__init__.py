@@ -30,7 +30,10 @@ def backend_class(scheme):
     except KeyError:
         supported = ", ".join(f"{s}://" for s in SCHEMES)
         raise SourceError(f"unsupported scheme {scheme}:// (supported: a path, {supported})") from None
-    return getattr(importlib.import_module(module), name)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise SourceError(f"the {scheme}:// backend cannot be loaded: {e}") from None
 
 
 def check_options(urls, options):
