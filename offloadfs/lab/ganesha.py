@@ -1,0 +1,211 @@
+"""Private nfs-ganesha servers for the NFS backend tests.
+
+Each server is a foreground `ganesha.nfsd` with its own config, log, pid file
+and recovery directory in a temporary directory, bound only to the address it
+is given (a lab namespace's, or 127.0.0.1), so it never meets the machine's
+own NFS setup. It speaks NFSv4.1 and 4.2 only (no rpcbind, NLM, RQUOTA or
+UDP) and skips the grace period, so it serves ~30 ms after start. It needs
+no dbus or rpcbind: without them it logs a few CRIT/MAJ lines ("dbus_bus_get
+failed", "Cannot register NFS V4 on TCP") and carries on. The default log
+level (NIV_EVENT) is kept, so no -N.
+
+ganesha_lab() bundles the usual set-up: one namespace per server, each
+exporting a directory on a fresh xfs loop filesystem as /export.
+"""
+
+import contextlib
+import os
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from offloadfs.lab.loopfs import loop_filesystem
+from offloadfs.lab.net import server_namespace
+
+PORT = 2049
+EXPORT = "/export"
+START_TIMEOUT = 10
+STOP_TIMEOUT = 5
+NFS_PROGRAM = 100003
+
+CONFIG = """\
+NFS_CORE_PARAM {{
+    Protocols = 4;
+    Bind_Addr = {host};
+    NFS_Port = {port};
+    Enable_NLM = false;
+    Enable_RQUOTA = false;
+    Enable_UDP = false;
+}}
+NFSV4 {{
+    Minor_Versions = 1, 2;
+    Graceless = true;
+    RecoveryBackend = fs;
+    RecoveryRoot = {dir}/recovery;
+}}
+# Otherwise every start looks for a keytab and logs its absence.
+NFS_KRB5 {{
+    Active_krb5 = false;
+}}
+EXPORT {{
+    Export_Id = 1;
+    Path = {path};
+    Pseudo = {export};
+    Access_Type = RW;
+    Squash = No_Root_Squash;
+    Protocols = 4;
+    Transports = TCP;
+    # Tests change files behind the server's back; never serve stale attributes.
+    Attr_Expiration_Time = 0;
+    FSAL {{
+        Name = VFS;
+    }}
+}}
+"""
+
+
+def nfs_null(host, port=PORT, timeout=1.0):
+    """True if an NFSv4 NULL call over TCP gets an accepted, successful reply.
+
+    Accepting TCP alone proves little: a server may listen before its RPC
+    service is registered, and a qemu guest's port can look open early.
+    """
+    xid = int.from_bytes(os.urandom(4), "big")
+    # xid, CALL, RPC version 2, program, version 4, procedure 0, AUTH_NONE cred and verifier.
+    call = struct.pack(">10I", xid, 0, 2, NFS_PROGRAM, 4, 0, 0, 0, 0, 0)
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(struct.pack(">I", 0x80000000 | len(call)) + call)
+            reply = b""
+            while len(reply) < 4 + 24:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    return False
+                reply += chunk
+    except OSError:
+        return False
+    # record mark, xid, REPLY, MSG_ACCEPTED, verifier flavor, verifier length, SUCCESS
+    _, rxid, kind, stat, _, vlen, accept = struct.unpack(">7I", reply[:28])
+    return (rxid, kind, stat, vlen, accept) == (xid, 1, 0, 0, 0)
+
+
+class GaneshaServer:
+    """A running ganesha.nfsd exporting `path` (server side) as `export`."""
+
+    def __init__(self, path, host, port, net, workdir):
+        self.path = path
+        self.host = host
+        self.port = port
+        self.export = EXPORT
+        self.net = net
+        self.workdir = workdir
+        self.conf = workdir / "ganesha.conf"
+        self.log = workdir / "ganesha.log"
+        self.process = None
+
+    def start(self):
+        if nfs_null(self.host, self.port, timeout=0.2):
+            raise RuntimeError(f"another NFS server already answers on {self.host}:{self.port}")
+        cmd = ["ganesha.nfsd", "-F", "-L", str(self.log), "-f", str(self.conf), "-p", str(self.workdir / "pid")]
+        with open(self.workdir / "ganesha.out", "ab") as out:
+            spawn = self.net.popen if self.net else lambda *cmd, **kw: subprocess.Popen(cmd, **kw)
+            self.process = spawn(*cmd, stdout=out, stderr=out, start_new_session=True)
+        self.wait_ready()
+
+    def wait_ready(self):
+        """Return once a NULL call from the client side is answered."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.fail(f"ganesha.nfsd exited with {self.process.returncode}")
+            if nfs_null(self.host, self.port, timeout=0.2):
+                return
+            time.sleep(0.01)
+        self.fail(f"ganesha.nfsd not answering on {self.host}:{self.port} after {START_TIMEOUT} s")
+
+    def fail(self, why):
+        self.stop()
+        tail = "".join(
+            path.read_text(errors="replace")[-6000:] for path in (self.workdir / "ganesha.out", self.log) if path.exists()
+        )
+        raise RuntimeError(f"{why}; end of its output and log:\n{tail}")
+
+    def signal(self, sig):
+        """Send sig and wait for the process to end; False if it did not in time."""
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(sig)
+        try:
+            self.process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def stop(self):
+        """SIGTERM (a clean shutdown), SIGKILL if it takes too long."""
+        if self.process is None:
+            return
+        if not self.signal(signal.SIGTERM):
+            self.signal(signal.SIGKILL)
+        self.process = None
+
+    def kill(self):
+        """SIGKILL: a server crash. Client state survives only in the recovery directory."""
+        if self.process is not None:
+            self.signal(signal.SIGKILL)
+            self.process = None
+
+    def restart(self):
+        """Start again (after kill() or while running) with the same config."""
+        self.stop()
+        self.start()
+
+
+@contextlib.contextmanager
+def ganesha_server(path, net=None, port=PORT):
+    """Yield a running GaneshaServer exporting directory `path` as /export.
+
+    With a lab Namespace `net` ganesha runs inside it and binds its server
+    address; without, it binds 127.0.0.1. The process is gone on exit.
+    """
+    host = net.server_addr if net else "127.0.0.1"
+    with tempfile.TemporaryDirectory(prefix="offloadfs-ganesha-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "recovery").mkdir()
+        (workdir / "ganesha.conf").write_text(CONFIG.format(host=host, port=port, dir=workdir, path=path, export=EXPORT))
+        server = GaneshaServer(Path(path), host, port, net, workdir)
+        try:
+            server.start()
+            yield server
+        finally:
+            server.stop()
+
+
+@dataclass
+class Lab:
+    """Servers of a ganesha_lab; `server` is the first."""
+
+    servers: list
+
+    @property
+    def server(self):
+        return self.servers[0]
+
+
+@contextlib.contextmanager
+def ganesha_lab(rate=None, servers=1, kind="xfs"):
+    """Yield a Lab of `servers` ganeshas, each in its own namespace (link
+    shaped to `rate` if given) exporting a directory on a fresh `kind` loop
+    filesystem."""
+    with contextlib.ExitStack() as stack:
+        started = []
+        for _ in range(servers):
+            net = stack.enter_context(server_namespace(rate))
+            root = stack.enter_context(loop_filesystem(kind))
+            (root / "export").mkdir()
+            started.append(stack.enter_context(ganesha_server(root / "export", net)))
+        yield Lab(started)

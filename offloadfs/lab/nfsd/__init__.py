@@ -1,0 +1,166 @@
+"""Linux nfsd servers in qemu guests, for the NFS backend tests.
+
+Linux nfsd is the server that implements COPY, CLONE and async copies (see
+the field notes), and this host has no kernel NFS server, so each server is a
+qemu guest (TCG: no KVM here) booting Debian's kernel into the init of
+init.sh, serving an xfs disk image as /export over NFSv4.1/4.2.
+
+Guests sit on a bridge inside one lab namespace (net.py), which is joined to
+this host by the namespace's veth: the client side keeps the namespace's
+byte counters and optional tbf shaping, guests on the same bridge reach each
+other (inter-server copy), and destroying the namespace kills any qemu left.
+Addresses: the bridge takes the namespace's server address (.2), guests .3
+onwards.
+"""
+
+import contextlib
+import ipaddress
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyroute2 import IPRoute
+
+from offloadfs.lab.ganesha import EXPORT, PORT, nfs_null
+from offloadfs.lab.loopfs import DEFAULT_SIZE, MKFS
+from offloadfs.lab.loopfs import run as run_checked
+from offloadfs.lab.net import server_namespace
+from offloadfs.lab.nfsd.build import KERNEL, guest_files
+
+BRIDGE = "labbr0"
+# A guest boots in 6-9 s under TCG, two at once in ~20 s on two busy cores;
+# leave room for a much busier host.
+BOOT_TIMEOUT = 180
+STOP_TIMEOUT = 5
+READY = "OFFLOADFS-NFSD-READY"
+FAILED = "OFFLOADFS-NFSD-FAILED"
+SETTINGS = {
+    "max_block_size": 1 << 20,
+    # The smallest nfsd accepts for both: expired leases show up fast.
+    "lease": 10,
+    "grace": 10,
+    "threads": 8,
+}
+
+
+@dataclass
+class NfsdGuest:
+    """A qemu guest serving `export` at host:port; `image` is its xfs disk."""
+
+    name: str
+    host: str
+    port: int
+    export: str
+    image: Path
+    console: Path
+    process: subprocess.Popen
+
+    def stop(self):
+        """End qemu (the guest does not get to shut down: its disk is throwaway)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@dataclass
+class NfsdLab:
+    """A namespace (net.Namespace) with guests on its bridge; `guest` is the first."""
+
+    net: object
+    guests: list
+
+    @property
+    def guest(self):
+        return self.guests[0]
+
+
+def make_bridge(ns, taps):
+    """Move the namespace's address from its veth to a bridge holding the
+    veth and one persistent tap per guest (qemu attaches to it by name)."""
+    with IPRoute(netns=ns.name) as ipr:
+        ipr.link("add", ifname=BRIDGE, kind="bridge")
+        bridge = ipr.link_lookup(ifname=BRIDGE)[0]
+        veth = ipr.link_lookup(ifname="lab0")[0]
+        ipr.addr("del", index=veth, address=ns.server_addr, prefixlen=24)
+        ipr.link("set", index=veth, master=bridge)
+        ipr.addr("add", index=bridge, address=ns.server_addr, prefixlen=24)
+        ipr.link("set", index=bridge, state="up")
+        for tap in taps:
+            ipr.link("add", ifname=tap, kind="tuntap", mode="tap")
+            ipr.link("set", index=ipr.link_lookup(ifname=tap)[0], master=bridge, state="up")
+
+
+def qemu_command(kernel, initramfs, addr, tap, image, console):
+    octets = ipaddress.ip_address(addr).packed
+    settings = {"addr": f"{addr}/24", **SETTINGS}
+    append = " ".join(
+        ["console=ttyS0", "quiet", "panic=-1"] + [f"lab.{key}={value}" for key, value in settings.items()]
+    )
+    return [
+        "qemu-system-x86_64", "-nodefaults", "-no-user-config", "-no-reboot",
+        "-machine", "pc", "-accel", "tcg", "-m", "512M", "-display", "none",
+        "-kernel", str(kernel), "-initrd", str(initramfs), "-append", append,
+        "-serial", f"file:{console}",
+        # The image is throwaway: skipping host flushes makes COMMIT cheap.
+        "-drive", f"file={image},if=virtio,format=raw,cache=unsafe",
+        "-netdev", f"tap,id=net0,ifname={tap},script=no,downscript=no",
+        # Each guest needs its own MAC on the shared bridge.
+        "-device", "virtio-net-pci,netdev=net0,mac=52:54:00:%02x:%02x:%02x" % tuple(octets[1:]),
+    ]
+
+
+def wait_ready(guest):
+    """Return once the guest says READY and answers a NULL call from here."""
+    deadline = time.monotonic() + BOOT_TIMEOUT
+    while time.monotonic() < deadline:
+        text = guest.console.read_text(errors="replace") if guest.console.exists() else ""
+        if FAILED in text or guest.process.poll() is not None:
+            break
+        if READY in text and nfs_null(guest.host, guest.port, timeout=1):
+            return
+        time.sleep(0.1)
+    guest.stop()
+    console = guest.console.read_text(errors="replace")[-6000:] if guest.console.exists() else ""
+    raise RuntimeError(f"nfsd guest {guest.name} at {guest.host} did not come up; end of its console:\n{console}")
+
+
+@contextlib.contextmanager
+def nfsd_lab(guests=1, rate=None, size=DEFAULT_SIZE, kernel=KERNEL):
+    """Yield an NfsdLab of `guests` booted nfsd guests in one namespace.
+
+    Each exports a fresh sparse xfs image of `size` bytes (reflink on) as
+    /export, read-write, no root squash. rate shapes the namespace's link
+    (tbf). kernel is the Debian linux-image package to boot. Every qemu, the
+    images, taps, bridge and namespace are gone on exit.
+    """
+    with contextlib.ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="offloadfs-nfsd-", dir="/var/tmp")))
+        vmlinux, initramfs = guest_files(workdir, kernel)
+        ns = stack.enter_context(server_namespace(rate))
+        taps = [f"labtap{i}" for i in range(guests)]
+        make_bridge(ns, taps)
+        subnet = ipaddress.ip_network(f"{ns.server_addr}/24", strict=False)
+        started = []
+        for i, tap in enumerate(taps):
+            name, addr = f"nfsd{i}", str(subnet[3 + i])
+            image, console = workdir / f"{name}.img", workdir / f"{name}.console"
+            with open(image, "wb") as f:
+                f.truncate(size)
+            run_checked(*MKFS["xfs"], str(image))
+            with open(workdir / f"{name}.out", "wb") as out:
+                command = qemu_command(vmlinux, initramfs, addr, tap, image, console)
+                process = ns.popen(*command, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+            guest = NfsdGuest(name, addr, PORT, EXPORT, image, console, process)
+            stack.callback(guest.stop)
+            started.append(guest)
+        # The guests boot in parallel; wait for all.
+        for guest in started:
+            wait_ready(guest)
+        yield NfsdLab(ns, started)
