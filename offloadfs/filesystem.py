@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import trio
 
 from .backends.base import Allocate, Passthrough, SeekData, Stat
-from .fuse.operations import NOW, DirEntry, Entry, Operations, Opened, StatFs
+from .fuse.operations import NOW, DirEntry, Entry, Operations, Opened
 from .planner import Endpoint, Planner
 
 log = logging.getLogger(__name__)
@@ -462,8 +462,7 @@ class Filesystem(Operations):
         inode = self._inode(nodeid)
         if inode.source is None:
             inode = self.roots[0]  # the synthetic root reports the first source
-        s = await inode.source.backend.statfs(inode.node)
-        return StatFs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize)
+        return await inode.source.backend.statfs(inode.node)
 
     async def access(self, ctx, nodeid, mask):
         inode = self._inode(nodeid)

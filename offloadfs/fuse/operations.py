@@ -47,18 +47,6 @@ class DirEntry:
 
 
 @dataclass(slots=True)
-class StatFs:
-    blocks: int = 0
-    bfree: int = 0
-    bavail: int = 0
-    files: int = 0
-    ffree: int = 0
-    bsize: int = 4096
-    namelen: int = 255
-    frsize: int = 4096
-
-
-@dataclass(slots=True)
 class SetAttr:
     """The changes of one SETATTR; None means unchanged.  Times are ns; NOW is -1."""
     mode: int | None = None
@@ -122,7 +110,7 @@ class Operations:
     async def readdir(self, ctx, nodeid, fh, offset) -> list[DirEntry]: _nosys()
     async def releasedir(self, ctx, nodeid, fh) -> None: _nosys()
     async def fsyncdir(self, ctx, nodeid, fh, datasync) -> None: _nosys()
-    async def statfs(self, ctx, nodeid) -> StatFs: _nosys()
+    async def statfs(self, ctx, nodeid) -> object: _nosys()  # fields of struct fuse_kstatfs
     async def access(self, ctx, nodeid, mask) -> None: _nosys()
     async def setxattr(self, ctx, nodeid, name, value, flags) -> None: _nosys()
     async def getxattr(self, ctx, nodeid, name) -> bytes: _nosys()

@@ -21,9 +21,9 @@ import struct
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from offloadfs.lab import Lab
 from offloadfs.lab.loopfs import loop_filesystem
 from offloadfs.lab.net import server_namespace
 
@@ -183,17 +183,6 @@ def ganesha_server(path, net=None, port=PORT):
             yield server
         finally:
             server.stop()
-
-
-@dataclass
-class Lab:
-    """Servers of a ganesha_lab; `server` is the first."""
-
-    servers: list
-
-    @property
-    def server(self):
-        return self.servers[0]
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from offloadfs.lab import Lab
 from offloadfs.lab.loopfs import loop_filesystem
 from offloadfs.lab.net import server_namespace
 
@@ -257,17 +258,6 @@ def smb_server(shares, net=None):
             yield server
         finally:
             server.stop()
-
-
-@dataclass
-class Lab:
-    """Servers of a samba_lab; `server` is the first."""
-
-    servers: list
-
-    @property
-    def server(self):
-        return self.servers[0]
 
 
 @contextlib.contextmanager
