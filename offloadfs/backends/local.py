@@ -124,6 +124,8 @@ class LocalBackend(Backend):
             _check(_libc.fchownat(node.fd, b"", -1 if uid is None else uid, -1 if gid is None else gid,
                                   AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW))
         if size is not None:
+            if stat.S_ISLNK(node.mode):
+                raise OSError(errno.EINVAL, "cannot truncate a symlink")  # /proc would follow it
             if file is not None:
                 os.ftruncate(file.fd, size)
             else:

@@ -1,0 +1,72 @@
+"""The filesystem layer on a real local source, without a kernel: names, ownership, escapes."""
+import errno
+import os
+
+import pytest
+
+from offloadfs.backends.local import LocalBackend
+from offloadfs.filesystem import Filesystem, Options, check_name
+from offloadfs.fuse.operations import Ctx
+from offloadfs.stats import Stats
+
+ROOT_CTX = Ctx(0, 0, 1)
+
+
+@pytest.mark.parametrize("name", [b"", b".", b"..", b"a/b", b"../etc", b"a\0b", b"x" * 256])
+def test_names_that_could_escape_are_refused(name):
+    with pytest.raises(OSError):
+        check_name(name)
+
+
+async def mounted(tmp_path, **options):
+    fs = Filesystem({"s": LocalBackend(str(tmp_path), {})}, Options(**options), Stats("/mnt", {}))
+    await fs.start()
+    return fs
+
+
+async def test_symlinks_are_never_followed_on_the_server_side(tmp_path):
+    outside = tmp_path.parent / (tmp_path.name + "-outside")
+    outside.write_bytes(b"secret")
+    (tmp_path / "link").symlink_to(outside)
+    fs = await mounted(tmp_path)
+    entry = await fs.lookup(ROOT_CTX, 1, b"link")
+    assert await fs.readlink(ROOT_CTX, entry.nodeid) == os.fsencode(outside)
+    with pytest.raises(OSError) as e:
+        await fs.open(ROOT_CTX, entry.nodeid, os.O_RDONLY, False)
+    assert e.value.errno == errno.ELOOP
+    with pytest.raises(OSError):
+        await fs.create(ROOT_CTX, 1, b"link", 0o644, os.O_WRONLY)
+    assert outside.read_bytes() == b"secret"
+    outside.unlink()
+
+
+async def test_new_files_belong_to_the_caller(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give files away")
+    fs = await mounted(tmp_path)
+    entry, opened = await fs.create(Ctx(1234, 567, 1), 1, b"f", 0o640, os.O_WRONLY)
+    await fs.release(ROOT_CTX, entry.nodeid, opened.fh)
+    st = os.stat(tmp_path / "f")
+    assert (st.st_uid, st.st_gid) == (1234, 567)
+
+
+async def test_display_options_and_stable_inode_numbers(tmp_path):
+    (tmp_path / "f").write_bytes(b"abc")
+    fs = await mounted(tmp_path, uid=42, gid=43, umask=0o077)
+    entry = await fs.lookup(ROOT_CTX, 1, b"f")
+    attr, _ = await fs.getattr(ROOT_CTX, entry.nodeid, None)
+    assert (attr.uid, attr.gid, attr.mode & 0o777, attr.size) == (42, 43, 0o600, 3)
+    assert attr.ino == os.stat(tmp_path / "f").st_ino
+    again = await fs.lookup(ROOT_CTX, 1, b"f")
+    assert again.nodeid == entry.nodeid
+    fs.forget(entry.nodeid, 2)
+    assert entry.nodeid not in fs.inodes
+
+
+async def test_read_only_refuses_changes(tmp_path):
+    fs = await mounted(tmp_path, ro=True)
+    for call in (fs.mkdir(ROOT_CTX, 1, b"d", 0o755), fs.unlink(ROOT_CTX, 1, b"x"),
+                 fs.create(ROOT_CTX, 1, b"f", 0o644, os.O_WRONLY)):
+        with pytest.raises(OSError) as e:
+            await call
+        assert e.value.errno == errno.EROFS
