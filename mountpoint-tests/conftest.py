@@ -2,7 +2,12 @@
 
 Backing filesystems are loop images made once per session (making one per
 test would dominate the runtime); each test gets its own fresh directory on
-them and its own mounts, all removed after the test.
+them and its own mounts, all removed after the test. The same goes for the
+Samba lab: started on first use, shared by the session.
+
+Tests that should hold wherever the files live take `mount_on(where)`, where
+is "local-KIND" (a loop filesystem of that kind) or "smb-KIND" (a Samba share
+on one).
 """
 
 import os
@@ -11,6 +16,7 @@ import uuid
 from contextlib import ExitStack
 
 import pytest
+import smbkit
 from mpkit import Mount
 
 from offloadfs.lab.loopfs import loop_filesystem
@@ -72,3 +78,32 @@ def mount(backing):
 def mnt(mount, backing):
     """A default mount of a fresh directory on ext4."""
     return mount(backing("ext4"))
+
+
+@pytest.fixture(scope="session")
+def smb():
+    """The session's SmbLab (two servers, a share per kind on each)."""
+    if shutil.which("smbd") is None:
+        pytest.skip("smbd is not installed (apt-get install samba samba-vfs-modules)")
+    with smbkit.smb_lab() as lab:
+        yield lab
+
+
+@pytest.fixture
+def mount_on(request, mount, backing):
+    """Factory: mount_on(where, options) -> Mount of a fresh directory at
+    `where` ("local-ext4", "smb-btrfs", ...); mnt.backing is that directory
+    as the machine holding it sees it."""
+    with ExitStack() as stack:
+
+        def make(where, options=()):
+            place, kind = where.split("-", 1)
+            if place == "local":
+                return mount(backing(kind), options)
+            lab = request.getfixturevalue("smb")
+            url, path = lab.fresh_dir(kind)
+            stack.callback(shutil.rmtree, path, ignore_errors=True)
+            mountpoint = stack.enter_context(offloadfs_mount(url, options=[*lab.options(), *options]))
+            return Mount(mountpoint, path, smbkit.CANNOT, smbkit.TIME_STEP_NS)
+
+        yield make

@@ -3,8 +3,10 @@
 import hashlib
 import os
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 from offloadfs.lab.mount import status
 
@@ -14,10 +16,30 @@ GiB = 1 << 30
 
 @dataclass
 class Mount:
-    """A live offloadfs mount and what backs it (a dir, or {name: dir})."""
+    """A live offloadfs mount and what backs it (a dir, or {name: dir}).
+
+    `cannot` maps what the backend cannot store ("symlink", "chmod", ...) to
+    the reason, so a test that needs it is skipped, and says why;
+    `time_step_ns` is the resolution of the timestamps it stores.
+    """
 
     path: Path
     backing: object
+    cannot: dict = field(default_factory=dict)
+    time_step_ns: int = 1
+
+    def need(self, *what):
+        """Skip the test unless the mount can do all of `what`."""
+        reasons = [self.cannot[w] for w in what if w in self.cannot]
+        if reasons:
+            pytest.skip("; ".join(reasons))
+
+    def can(self, what):
+        return what not in self.cannot
+
+    def stored_ns(self, ns):
+        """A timestamp as it reads back after being set through the mount."""
+        return ns - ns % self.time_step_ns
 
     def status(self):
         return status(self.path)
@@ -59,8 +81,9 @@ def total_copies(counters):
     return sum(counters["copies"].values())
 
 
-def tree_digest(root):
-    """{relative path: (kind, mode, content or link target)} of a tree."""
+def tree_digest(root, modes=True):
+    """{relative path: (kind, mode, content or link target)} of a tree;
+    modes=False leaves modes out (for a place that does not keep them)."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
@@ -70,19 +93,22 @@ def tree_digest(root):
             if p.is_symlink():
                 out[rel] = ("link", os.readlink(p))
             elif p.is_dir():
-                out[rel] = ("dir", st.st_mode)
+                out[rel] = ("dir", st.st_mode if modes else None)
             else:
-                out[rel] = ("file", st.st_mode, st.st_size, sha256(p))
+                out[rel] = ("file", st.st_mode if modes else None, st.st_size, sha256(p))
     return out
 
 
-def make_tree(root):
-    """A small tree with nested dirs, odd modes, an empty file and a symlink."""
+def make_tree(root, modes=True, symlink=True):
+    """A small tree with nested dirs, an empty file, and unless told
+    otherwise odd modes and a symlink."""
     (root / "d1" / "d2").mkdir(parents=True)
     write_file(root / "a", 100_000)
     write_file(root / "d1" / "b", 3 * MiB + 17)
     write_file(root / "d1" / "d2" / "c", 4096)
     (root / "empty").touch()
-    os.chmod(root / "a", 0o600)
-    os.chmod(root / "d1" / "d2", 0o750)
-    os.symlink("d1/b", root / "link")
+    if modes:
+        os.chmod(root / "a", 0o600)
+        os.chmod(root / "d1" / "d2", 0o750)
+    if symlink:
+        os.symlink("d1/b", root / "link")

@@ -6,6 +6,9 @@ errno), the same file sizes and the same contents of the files it touched.
 Every CHECK_EVERY steps the backing directory itself is compared too, so the
 kernel's page cache cannot hide what the daemon did.
 
+It runs on local directories and on SMB shares; an SMB step costs several
+round trips, so a share gets fewer steps (about 15 s each).
+
 Replay a failure with OFFLOADFS_MODEL_SEED=<seed printed>; change the length
 with OFFLOADFS_MODEL_STEPS.
 """
@@ -21,7 +24,7 @@ MAX_OFFSET = 384 * 1024
 MAX_SIZE = 1 << 20
 BLOCK = 4096
 CHECK_EVERY = 200
-STEPS = int(os.environ.get("OFFLOADFS_MODEL_STEPS", "3000"))
+STEPS = {"local": 3000, "smb": 600}
 PUNCH_HOLE_KEEP_SIZE = 0x02 | 0x01
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -173,15 +176,17 @@ def run_model(mount_root, backing_root, reference, seed, steps):
                 assert content(backing_root / name) == content(reference / name), f"backing {name}: {where}"
 
 
-@pytest.mark.parametrize("kind,options,method", [
-    ("btrfs", (), "clone"), ("ext4", (), "server_copy"), ("ext4", ("offload=off",), "stream")],
-    ids=["btrfs", "ext4", "offload-off"])
-def test_model(kind, options, method, backing, mount, tmp_path):
+@pytest.mark.parametrize("where,options,method", [
+    ("local-btrfs", (), "clone"), ("local-ext4", (), "server_copy"), ("local-ext4", ("offload=off",), "stream"),
+    ("smb-btrfs", (), "clone"), ("smb-xfs", (), "server_copy"), ("smb-ext4", (), "server_copy")],
+    ids=["btrfs", "ext4", "offload-off", "smb-btrfs", "smb-xfs", "smb-ext4"])
+def test_model(where, options, method, mount_on, tmp_path):
     seed = int(os.environ.get("OFFLOADFS_MODEL_SEED", random.randrange(1 << 32)))
+    steps = int(os.environ.get("OFFLOADFS_MODEL_STEPS", STEPS[where.split("-")[0]]))
     print(f"model seed {seed} (replay with OFFLOADFS_MODEL_SEED={seed})")
-    mnt = mount(backing(kind), options)
+    mnt = mount_on(where, options)
     reference = tmp_path / "reference"
     reference.mkdir()
-    run_model(mnt.path, mnt.backing, reference, seed, STEPS)
+    run_model(mnt.path, mnt.backing, reference, seed, steps)
     copies = mnt.counters()["copies"]
     assert copies[method] > 0, f"the model never took the {method} path: {copies}"

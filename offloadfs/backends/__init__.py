@@ -13,6 +13,7 @@ from .base import Backend
 SCHEMES = {
     "file": ("offloadfs.backends.local", "LocalBackend"),
     "smb": ("offloadfs.backends.smb", "SMBBackend"),
+    "nfs": ("offloadfs.backends.nfs", "NFSBackend"),
 }
 
 
