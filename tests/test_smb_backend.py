@@ -19,6 +19,7 @@ import trio
 
 from offloadfs.backends import SourceError
 from offloadfs.backends.base import NotSupported
+from offloadfs.lab import freeze
 from offloadfs.planner import Endpoint, Planner
 from offloadfs.stats import Stats
 
@@ -446,7 +447,7 @@ async def test_a_server_that_stops_answering_fails_requests_not_the_mount(lab, c
     async with connect() as (b, d, path):
         stopped = connection_processes(server)
         for pid in stopped:
-            os.kill(pid, signal.SIGSTOP)
+            freeze(pid)
         try:
             start = time.monotonic()
             with pytest.raises(OSError) as e:

@@ -1,0 +1,140 @@
+"""File attributes (fattr4): the few we ask for, decoded strictly, and the few we set.
+
+An attrlist4 carries values back to back with no lengths, so an attribute we
+cannot decode makes the rest unreadable: a reply with a bit we did not ask
+for is a protocol error rather than a guess.
+"""
+import pwd
+import grp
+import stat
+
+from .xdr import Packer, ProtocolError, Unpacker
+
+SUPPORTED_ATTRS, TYPE, SIZE, LEASE_TIME = 0, 1, 4, 10
+FILEID, FILES_AVAIL, FILES_FREE, FILES_TOTAL = 20, 21, 22, 23
+MAXNAME, MAXREAD, MAXWRITE = 29, 30, 31
+MODE, NUMLINKS, OWNER, OWNER_GROUP, RAWDEV = 33, 35, 36, 37, 41
+SPACE_AVAIL, SPACE_FREE, SPACE_TOTAL, SPACE_USED = 42, 43, 44, 45
+TIME_ACCESS, TIME_ACCESS_SET, TIME_METADATA, TIME_MODIFY, TIME_MODIFY_SET = 47, 48, 52, 53, 54
+CLONE_BLKSIZE = 77
+
+NF4REG, NF4DIR, NF4BLK, NF4CHR, NF4LNK, NF4SOCK, NF4FIFO, NF4ATTRDIR, NF4NAMEDATTR = range(1, 10)
+FORMAT = {NF4REG: stat.S_IFREG, NF4DIR: stat.S_IFDIR, NF4BLK: stat.S_IFBLK, NF4CHR: stat.S_IFCHR,
+          NF4LNK: stat.S_IFLNK, NF4SOCK: stat.S_IFSOCK, NF4FIFO: stat.S_IFIFO,
+          NF4ATTRDIR: stat.S_IFDIR, NF4NAMEDATTR: stat.S_IFREG}
+DTYPE = {NF4REG: 8, NF4DIR: 4, NF4BLK: 6, NF4CHR: 2, NF4LNK: 10, NF4SOCK: 12, NF4FIFO: 1}
+NOBODY = 65534
+MAX_OWNER = 1024
+
+
+def bits(*attrs):
+    mask = 0
+    for a in attrs:
+        mask |= 1 << a
+    return mask
+
+
+STAT = bits(TYPE, SIZE, FILEID, MODE, NUMLINKS, OWNER, OWNER_GROUP, RAWDEV, SPACE_USED,
+            TIME_ACCESS, TIME_METADATA, TIME_MODIFY)
+STATFS = bits(FILES_AVAIL, FILES_FREE, FILES_TOTAL, MAXNAME, SPACE_AVAIL, SPACE_FREE, SPACE_TOTAL)
+DIRENT = bits(TYPE, FILEID)
+
+
+def _time(u):
+    seconds, nseconds = u.i64(), u.u32()
+    if nseconds >= 1_000_000_000:
+        raise ProtocolError(f"nfstime4 with {nseconds} nanoseconds")
+    return seconds * 1_000_000_000 + nseconds
+
+
+def _u32_pair(u):
+    return u.u32(), u.u32()
+
+
+_DECODE = {
+    SUPPORTED_ATTRS: lambda u: u.bitmap(),
+    TYPE: lambda u: u.enum(FORMAT, "file type"),
+    SIZE: Unpacker.u64,
+    LEASE_TIME: Unpacker.u32,
+    FILEID: Unpacker.u64,
+    FILES_AVAIL: Unpacker.u64,
+    FILES_FREE: Unpacker.u64,
+    FILES_TOTAL: Unpacker.u64,
+    MAXNAME: Unpacker.u32,
+    MAXREAD: Unpacker.u64,
+    MAXWRITE: Unpacker.u64,
+    MODE: Unpacker.u32,
+    NUMLINKS: Unpacker.u32,
+    OWNER: lambda u: u.opaque(MAX_OWNER, "owner"),
+    OWNER_GROUP: lambda u: u.opaque(MAX_OWNER, "owner_group"),
+    RAWDEV: _u32_pair,
+    SPACE_AVAIL: Unpacker.u64,
+    SPACE_FREE: Unpacker.u64,
+    SPACE_TOTAL: Unpacker.u64,
+    SPACE_USED: Unpacker.u64,
+    TIME_ACCESS: _time,
+    TIME_METADATA: _time,
+    TIME_MODIFY: _time,
+    CLONE_BLKSIZE: Unpacker.u32,
+}
+
+
+def decode(u, asked):
+    """A fattr4 -> {attribute number: value}; only attributes in ``asked`` may appear."""
+    mask = u.bitmap()
+    if mask & ~asked:
+        raise ProtocolError(f"attributes {mask & ~asked:#x} sent but not asked for")
+    body = Unpacker(u.opaque(u.left(), "attrlist"))
+    values = {}
+    n = 0
+    while mask >> n:
+        if mask >> n & 1:
+            values[n] = _DECODE[n](body)
+        n += 1
+    body.done()
+    return values
+
+
+def _id(name, lookup):
+    """An owner string -> a numeric id: "1000", "1000@domain" or "user@domain" (idmapping on)."""
+    text = bytes(name).split(b"@", 1)[0].decode("utf-8", "replace")
+    if text.isdigit():
+        return int(text) & 0xFFFFFFFF
+    try:
+        return lookup(text)
+    except KeyError:
+        return NOBODY
+
+
+def uid_of(name):
+    return _id(name, lambda n: pwd.getpwnam(n).pw_uid)
+
+
+def gid_of(name):
+    return _id(name, lambda n: grp.getgrnam(n).gr_gid)
+
+
+def mode_of(values):
+    return FORMAT.get(values.get(TYPE), stat.S_IFREG) | values.get(MODE, 0) & 0o7777
+
+
+def encode(p: Packer, values):
+    """A fattr4 from {attribute number: value}: mode, size, owner/group ids, times (ns)."""
+    body = Packer()
+    for attr in sorted(values):
+        v = values[attr]
+        if attr == SIZE:
+            body.u64(v)
+        elif attr == MODE:
+            body.u32(v & 0o7777)
+        elif attr in (OWNER, OWNER_GROUP):
+            body.opaque(str(v).encode())
+        elif attr in (TIME_ACCESS_SET, TIME_MODIFY_SET):
+            body.u32(1)  # SET_TO_CLIENT_TIME4
+            seconds, ns = divmod(v, 1_000_000_000)
+            body.i64(seconds)
+            body.u32(ns)
+        else:
+            raise ValueError(f"cannot set attribute {attr}")
+    p.bitmap(bits(*values))
+    p.opaque(body.buf)

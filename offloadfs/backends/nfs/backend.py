@@ -1,0 +1,697 @@
+"""The NFS backend: an export (or a directory in it) on an NFSv4.1/4.2 server.
+
+Nodes are filehandles; inode numbers are the server's fileids.  Files are
+open stateids, one open-owner per open file (two opens by one owner share a
+stateid, and closing one would close both).  Writes go out UNSTABLE, several
+at once, and are kept until a COMMIT with the same write verifier proves
+them on disk; a changed verifier (the server restarted) sends them again.
+
+NFSv4.2 gives the offload capabilities: COPY (synchronous for small ranges,
+asynchronous with CB_OFFLOAD or OFFLOAD_STATUS for large ones), CLONE, SEEK,
+READ_PLUS, ALLOCATE/DEALLOCATE, and user.* extended attributes (RFC 8276).
+An operation a server answers NOTSUPP is remembered for that server, so the
+next request moves on at once.
+
+What creates a file, directory or link is sent with the caller's uid/gid
+(AUTH_SYS), so the server makes it theirs and checks their permissions;
+everything else goes as root.
+"""
+import errno
+import itertools
+import logging
+import os
+import stat
+
+import trio
+
+from .. import SourceError
+from ..base import Backend, DirItem, FsStat, NotSupported, Stat
+from . import attrs, errors, ops, rpc, url
+from .errors import NFSError
+from .session import Client
+
+log = logging.getLogger(__name__)
+
+IN_FLIGHT = 8  # READs or WRITEs of one call at once
+DIRTY_LIMIT = 64 << 20  # unstable bytes per file before a COMMIT
+SYNC_COPY_LIMIT = 4 << 20  # larger copies run asynchronously
+COPY_PER_CALL = 1 << 30  # the planner loops: progress and interrupts land between calls
+POLL_START, POLL_MAX = 1.0, 5.0  # OFFLOAD_STATUS while waiting for CB_OFFLOAD
+LATE_CALLBACK = 2.0  # how long a finished copy's CB_OFFLOAD may lag its OFFLOAD_STATUS
+READDIR_MAX = 32768
+LIST_XATTRS_MAX = 65536
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+SEEK_DATA, SEEK_HOLE = 3, 4
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 1, 2
+# Answers that mean "not this way, for this pair or range" rather than "the copy failed".
+COPY_UNSUPPORTED = {errors.XDEV, errors.INVAL, errors.WRONG_TYPE, errors.ISDIR, errors.OFFLOAD_DENIED,
+                    errors.PARTNER_NOTSUPP, errors.UNION_NOTSUPP, errors.WRONG_LFS}
+
+
+class Node:
+    __slots__ = ("fh", "fmt")
+
+    def __init__(self, fh, fmt):
+        self.fh = fh
+        self.fmt = fmt  # S_IFMT bits
+
+
+class File:
+    """An open file: its open stateid and the unstable writes not yet committed."""
+    __slots__ = ("node", "access", "owner", "stateid", "generation", "dirty", "dirty_bytes", "lock")
+
+    def __init__(self, node, access, owner):
+        self.node = node
+        self.access = access
+        self.owner = owner
+        self.stateid = None
+        self.generation = -1
+        self.dirty = []  # (offset, data, write verifier)
+        self.dirty_bytes = 0
+        self.lock = trio.Lock()
+
+
+def _access(flags):
+    mode = flags & os.O_ACCMODE
+    return {os.O_RDONLY: ops.SHARE_ACCESS_READ, os.O_WRONLY: ops.SHARE_ACCESS_WRITE}.get(mode, ops.SHARE_ACCESS_BOTH)
+
+
+def _cred(owner):
+    uid, gid = owner
+    return rpc.auth_sys(uid, gid, [gid])
+
+
+async def together(calls):
+    """Run async calls side by side; their results in order.  The first failure cancels
+    the rest and is raised as itself, not in an exception group."""
+    results = [None] * len(calls)
+    failure = None
+
+    async def one(i, call):
+        nonlocal failure
+        try:
+            results[i] = await call()
+        except Exception as e:
+            if failure is None:
+                failure = e
+            nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        for i, call in enumerate(calls):
+            nursery.start_soon(one, i, call)
+    if failure is not None:
+        raise failure
+    return results
+
+
+class NFSBackend(Backend):
+    OPTIONS = url.OPTIONS
+
+    def __init__(self, source_url, options):
+        self.url = source_url
+        self.settings, self.path = url.parse(source_url, options)
+        self.client = None
+        self.supported = self.stat_attrs = 0  # attributes the server has, and those of a Stat
+        self.clone_blksize = 0
+        self._owners = itertools.count(1)
+
+    def shares_server_with(self, other):
+        # Stateids and filehandles are only good within one client's state on one server.
+        return isinstance(other, NFSBackend) and self.client is not None and other.client is self.client
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    async def _call(self, op_list, **kw):
+        return await self.client.compound(op_list, **kw)
+
+    def _stat(self, v):
+        rawdev = v.get(attrs.RAWDEV, (0, 0))
+        return Stat(ino=v.get(attrs.FILEID, 0), mode=attrs.mode_of(v), nlink=v.get(attrs.NUMLINKS, 1),
+                    uid=attrs.uid_of(v.get(attrs.OWNER, b"0")), gid=attrs.gid_of(v.get(attrs.OWNER_GROUP, b"0")),
+                    rdev=os.makedev(*rawdev), size=v.get(attrs.SIZE, 0),
+                    blocks=(v.get(attrs.SPACE_USED, 0) + 511) // 512, blksize=self.client.wsize,
+                    atime_ns=v.get(attrs.TIME_ACCESS, 0), mtime_ns=v.get(attrs.TIME_MODIFY, 0),
+                    ctime_ns=v.get(attrs.TIME_METADATA, 0))
+
+    def _node_stat(self, fh, values):
+        st = self._stat(values)
+        return Node(fh, stat.S_IFMT(st.mode)), st
+
+    def _supported(self, op, what):
+        if self.settings.minorversion < 2 or op in self.client.unsupported:
+            raise NotSupported(f"{what}: not offered by this server")
+
+    def _unsupported(self, op, e, what):
+        """Remember a NOTSUPP for this server; NotSupported for answers that mean "not this way"."""
+        if e.status == errors.NOTSUPP:
+            log.info("NFS server %s does not support %s", self.settings.host, what)
+            self.client.unsupported.add(op)
+            return NotSupported(f"{what}: not supported by the server")
+        return None
+
+    async def _with_state(self, files, build, **kw):
+        """Run the compound ``build(*stateids)``, reopening files whose open state the server lost."""
+        for attempt in range(3):
+            for f in files:
+                await self._ensure_open(f)
+            sids = [f.stateid for f in files]
+            try:
+                return await self._call(build(*sids), **kw)
+            except NFSError as e:
+                if e.status not in errors.STATE_LOST or attempt == 2:
+                    raise
+                log.info("open state lost (%s); reopening", e.strerror)
+                for f, sid in zip(files, sids):
+                    if f.stateid == sid:
+                        f.generation = -1
+
+    async def _ensure_open(self, file):
+        if file.generation == self.client.generation:
+            return
+        async with file.lock:
+            if file.generation != self.client.generation:
+                await self._open_state(file)
+
+    async def _open_state(self, file):
+        generation = self.client.generation
+        [_, opened] = await self._call([ops.PutFH(file.node.fh), ops.Open(file.access, file.owner, 0)])
+        file.stateid, file.generation = opened.stateid, generation
+        self._decline(file.node.fh, opened)
+
+    def _decline(self, fh, opened):
+        if opened.delegation is not None:  # asked for none; give it straight back
+            self.client.return_delegation(opened.delegation, fh)
+
+    def _new_file(self, node, flags):
+        return File(node, _access(flags), b"offloadfs-open-%d" % next(self._owners))
+
+    # -- names and attributes ----------------------------------------------------------------
+
+    async def root(self):
+        self.client = Client.shared(self.settings)
+        where = "/" + "/".join(c.decode(errors="replace") for c in self.path)
+        try:
+            await self.client.start()
+            self.supported = self.client.supported_attrs  # ask for no others: some servers refuse them
+            self.stat_attrs = attrs.STAT & self.supported
+            try:
+                res = await self._call([ops.PutRootFH()] + [ops.Lookup(c) for c in self.path] + [
+                    ops.GetFH(), ops.GetAttr(self.stat_attrs | attrs.bits(attrs.CLONE_BLKSIZE) & self.supported)])
+            except NFSError as e:
+                if e.status in (errors.NOENT, errors.NOTDIR):
+                    raise SourceError(f"{self.url}: no export or directory {where} on {self.settings.host}") from None
+                if e.status in (errors.ACCESS, errors.PERM, errors.WRONGSEC):
+                    raise SourceError(f"{self.url}: the server refuses us {where} ({e.strerror})") from None
+                raise
+        except BaseException:
+            client, self.client = self.client, None
+            with trio.CancelScope(shield=True):
+                await client.close()
+            raise
+        fh, values = res[-2], res[-1]
+        self.clone_blksize = values.get(attrs.CLONE_BLKSIZE, 0)
+        return self._node_stat(fh, values)
+
+    async def lookup(self, dir, name):
+        _, _, fh, values = await self._call([ops.PutFH(dir.fh), ops.Lookup(name), ops.GetFH(),
+                                             ops.GetAttr(self.stat_attrs)])
+        return self._node_stat(fh, values)
+
+    def forget(self, node):
+        pass  # a filehandle holds nothing on the server
+
+    async def getattr(self, node, file=None):
+        _, values = await self._call([ops.PutFH(node.fh), ops.GetAttr(self.stat_attrs)])
+        return self._stat(values)
+
+    async def setattr(self, node, file=None, *, mode=None, uid=None, gid=None, size=None,
+                      atime_ns=None, mtime_ns=None):
+        values = {}
+        if mode is not None:
+            values[attrs.MODE] = mode
+        if uid is not None:
+            values[attrs.OWNER] = uid
+        if gid is not None:
+            values[attrs.OWNER_GROUP] = gid
+        if size is not None:
+            values[attrs.SIZE] = size
+        if atime_ns is not None:
+            values[attrs.TIME_ACCESS_SET] = atime_ns
+        if mtime_ns is not None:
+            values[attrs.TIME_MODIFY_SET] = mtime_ns
+        if not values:
+            return await self.getattr(node, file)
+
+        def build(sid=ops.ANONYMOUS):
+            return [ops.PutFH(node.fh), ops.SetAttr(values, sid), ops.GetAttr(self.stat_attrs)]
+
+        if size is not None and file is not None and file.access & ops.SHARE_ACCESS_WRITE:
+            await self._commit(file)  # a later resend of old unstable writes must not undo the truncation
+            res = await self._with_state([file], build)
+        else:
+            res = await self._call(build())
+        return self._stat(res[-1])
+
+    async def readlink(self, node):
+        _, target = await self._call([ops.PutFH(node.fh), ops.ReadLink()])
+        return target
+
+    async def _create(self, dir, owner, op):
+        res = await self._call([ops.PutFH(dir.fh), op, ops.GetFH(), ops.GetAttr(self.stat_attrs)],
+                               cred=_cred(owner), cache=True)
+        return self._node_stat(res[-2], res[-1])
+
+    async def mknod(self, dir, name, mode, rdev, owner):
+        fmt = stat.S_IFMT(mode)
+        if fmt == stat.S_IFREG:
+            node, st, file = await self.create(dir, name, os.O_WRONLY | os.O_EXCL, mode, owner)
+            await self.release(file)
+            return node, st
+        types = {stat.S_IFIFO: attrs.NF4FIFO, stat.S_IFSOCK: attrs.NF4SOCK,
+                 stat.S_IFCHR: attrs.NF4CHR, stat.S_IFBLK: attrs.NF4BLK}
+        if fmt not in types:
+            raise OSError(errno.EINVAL, "unknown file type")
+        return await self._create(dir, owner, ops.Create(types[fmt], name, {attrs.MODE: mode},
+                                                         rdev=(os.major(rdev), os.minor(rdev))))
+
+    async def mkdir(self, dir, name, mode, owner):
+        return await self._create(dir, owner, ops.Create(attrs.NF4DIR, name, {attrs.MODE: mode}))
+
+    async def symlink(self, dir, name, target, owner):
+        return await self._create(dir, owner, ops.Create(attrs.NF4LNK, name, {}, link=target))
+
+    async def link(self, node, dir, name):
+        res = await self._call([ops.PutFH(node.fh), ops.SaveFH(), ops.PutFH(dir.fh), ops.Link(name),
+                                ops.RestoreFH(), ops.GetAttr(self.stat_attrs)], cache=True)
+        return node, self._stat(res[-1])
+
+    async def unlink(self, dir, name):
+        await self._call([ops.PutFH(dir.fh), ops.Remove(name)], cache=True)
+
+    rmdir = unlink  # REMOVE takes either; the kernel checked the type already
+
+    async def rename(self, dir, name, newdir, newname, flags):
+        if flags & RENAME_EXCHANGE or flags & ~(RENAME_EXCHANGE | RENAME_NOREPLACE):
+            raise OSError(errno.EINVAL, "NFS cannot exchange names")
+        if flags & RENAME_NOREPLACE:
+            try:
+                await self._call([ops.PutFH(newdir.fh), ops.Lookup(newname)])
+                raise OSError(errno.EEXIST, "target exists")
+            except NFSError as e:
+                if e.status != errors.NOENT:
+                    raise
+        await self._call([ops.PutFH(dir.fh), ops.SaveFH(), ops.PutFH(newdir.fh), ops.Rename(name, newname)],
+                         cache=True)
+
+    # -- open files -------------------------------------------------------------------------------
+
+    async def open(self, node, flags):
+        if node.fmt == stat.S_IFLNK:
+            raise OSError(errno.ELOOP, "is a symlink")
+        if node.fmt == stat.S_IFDIR:
+            raise OSError(errno.EISDIR, "is a directory")
+        file = self._new_file(node, flags)
+        await self._ensure_open(file)
+        if flags & os.O_TRUNC:
+            try:
+                await self._with_state([file], lambda sid: [ops.PutFH(node.fh), ops.SetAttr({attrs.SIZE: 0}, sid)])
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await self.release(file)
+                raise
+        return file
+
+    async def create(self, dir, name, flags, mode, owner):
+        file = self._new_file(None, flags)
+        values = {attrs.MODE: mode}
+        if flags & os.O_TRUNC:
+            values[attrs.SIZE] = 0
+        how = ops.GUARDED4 if flags & os.O_EXCL else ops.UNCHECKED4
+        generation = self.client.generation
+        res = await self._call([ops.PutFH(dir.fh), ops.Open(file.access, file.owner, 0, name, how, values),
+                                ops.GetFH(), ops.GetAttr(self.stat_attrs)], cred=_cred(owner), cache=True)
+        _, opened, fh, values = res
+        node, st = self._node_stat(fh, values)
+        file.node, file.stateid, file.generation = node, opened.stateid, generation
+        self._decline(fh, opened)
+        return node, st, file
+
+    async def read(self, file, offset, size):
+        out = bytearray()
+        step = self.client.rsize
+        while len(out) < size:
+            start = offset + len(out)
+            want = size - len(out)
+            pieces = [(start + i, min(step, want - i)) for i in range(0, min(want, step * IN_FLIGHT), step)]
+            results = await together([lambda o=o, n=n: self._read_piece(file, o, n) for o, n in pieces])
+            for (eof, data), (_, n) in zip(results, pieces):
+                out += data
+                if eof or not data:
+                    return bytes(out)
+                if len(data) < n:
+                    break  # a short read: what the later pieces got is at the wrong place
+        return bytes(out)
+
+    async def _read_piece(self, file, offset, count):
+        if self.settings.minorversion >= 2 and ops.OP_READ_PLUS not in self.client.unsupported:
+            try:
+                res = await self._with_state([file], lambda sid: [ops.PutFH(file.node.fh),
+                                                                   ops.ReadPlus(sid, offset, count)])
+            except NFSError as e:
+                if not self._unsupported(ops.OP_READ_PLUS, e, "READ_PLUS"):
+                    raise
+            else:
+                data = _assemble(offset, count, *res[-1])
+                if data is not None:
+                    return data
+                if ops.OP_READ_PLUS not in self.client.unsupported:
+                    log.warning("NFS server %s answers READ_PLUS with nonsense; using READ", self.settings.host)
+                    self.client.unsupported.add(ops.OP_READ_PLUS)
+        res = await self._with_state([file], lambda sid: [ops.PutFH(file.node.fh), ops.Read(sid, offset, count)])
+        return res[-1]
+
+    async def write(self, file, offset, data):
+        view = memoryview(data)
+        step = self.client.wsize
+        starts = list(range(0, len(view), step))
+        for i in range(0, len(starts), IN_FLIGHT):
+            await together([lambda s=s: self._write_piece(file, offset + s, view[s:s + step])
+                            for s in starts[i:i + IN_FLIGHT]])
+        if file.dirty_bytes > DIRTY_LIMIT:
+            await self._commit(file)
+        return len(view)
+
+    async def _write_piece(self, file, offset, data):
+        done = 0
+        while done < len(data):
+            piece = bytes(data[done:])
+            res = await self._with_state([file], lambda sid: [ops.PutFH(file.node.fh),
+                                                               ops.Write(sid, offset + done, ops.UNSTABLE4, piece)])
+            result = res[-1]
+            if result.count == 0:
+                raise OSError(errno.EIO, "the server wrote nothing")
+            if result.committed == ops.UNSTABLE4:
+                file.dirty.append((offset + done, piece[:result.count], result.verifier))
+                file.dirty_bytes += result.count
+            done += result.count
+
+    async def _commit(self, file):
+        """COMMIT the unstable writes; those written under another verifier than COMMIT's go again."""
+        for _ in range(3):
+            if not file.dirty:
+                return
+            dirty, file.dirty, file.dirty_bytes = file.dirty, [], 0
+            try:
+                [_, verifier] = await self._call([ops.PutFH(file.node.fh), ops.Commit()])
+            except BaseException:
+                file.dirty = dirty + file.dirty
+                file.dirty_bytes = sum(len(d) for _, d, _ in file.dirty)
+                raise
+            lost = [(o, d) for o, d, v in dirty if v != verifier]
+            if lost:
+                log.warning("NFS server %s restarted before committing %d writes; sending them again",
+                            self.settings.host, len(lost))
+                for o, d in lost:
+                    await self._write_piece(file, o, d)
+        if file.dirty:
+            raise OSError(errno.EIO, "the server keeps losing unstable writes")
+
+    async def flush(self, file):
+        await self._commit(file)  # close-to-open: what one descriptor wrote is on disk when it closes
+
+    async def fsync(self, file, datasync):
+        await self._commit(file)
+
+    async def release(self, file):
+        try:
+            await self._commit(file)
+        finally:
+            if file.stateid is not None and file.generation == self.client.generation:
+                try:
+                    await self._call([ops.PutFH(file.node.fh), ops.Close(file.stateid)])
+                except NFSError as e:
+                    if e.status not in errors.STATE_LOST:
+                        raise
+
+    # -- directories and the rest ------------------------------------------------------------------
+
+    async def listdir(self, node):
+        items = []
+        cookie, verifier = 0, bytes(8)
+        while True:
+            _, page = await self._call([ops.PutFH(node.fh), ops.ReadDir(cookie, verifier, READDIR_MAX // 4,
+                                                                        READDIR_MAX, attrs.DIRENT & self.supported)])
+            for e in page.entries:
+                if e.name not in (b".", b".."):
+                    items.append(DirItem(e.name, e.values.get(attrs.FILEID, 0),
+                                         attrs.DTYPE.get(e.values.get(attrs.TYPE), 0)))
+            if page.eof:
+                return items
+            if not page.entries:
+                raise OSError(errno.EIO, "READDIR made no progress")
+            cookie, verifier = page.entries[-1].cookie, page.verifier
+
+    async def statfs(self, node):
+        _, v = await self._call([ops.PutFH(node.fh), ops.GetAttr(attrs.STATFS & self.supported)])
+        frsize = 4096
+        return FsStat(blocks=v.get(attrs.SPACE_TOTAL, 0) // frsize, bfree=v.get(attrs.SPACE_FREE, 0) // frsize,
+                      bavail=v.get(attrs.SPACE_AVAIL, 0) // frsize, files=v.get(attrs.FILES_TOTAL, 0),
+                      ffree=v.get(attrs.FILES_FREE, 0), bsize=self.client.wsize,
+                      namelen=v.get(attrs.MAXNAME, 255), frsize=frsize)
+
+    # NFSv4.2 extended attributes (RFC 8276) hold the user namespace only, named without "user.".
+
+    def _xattr_name(self, name):
+        if not name.startswith(b"user.") or len(name) == 5:
+            return None
+        if self.settings.minorversion < 2 or ops.OP_GETXATTR in self.client.unsupported:
+            raise OSError(errno.EOPNOTSUPP, "the server keeps no extended attributes")
+        return name[5:]
+
+    async def _xattr_call(self, node, op):
+        try:
+            return (await self._call([ops.PutFH(node.fh), op], cache=not isinstance(op, ops.GetXattr)))[-1]
+        except NFSError as e:
+            if self._unsupported(ops.OP_GETXATTR, e, "extended attributes"):
+                raise OSError(errno.EOPNOTSUPP, "the server keeps no extended attributes") from None
+            raise
+
+    async def getxattr(self, node, name):
+        key = self._xattr_name(name)
+        if key is None:
+            raise OSError(errno.ENODATA, "no such attribute")  # security.*, system.*: none here
+        return await self._xattr_call(node, ops.GetXattr(key))
+
+    async def setxattr(self, node, name, value, flags):
+        key = self._xattr_name(name)
+        if key is None:
+            raise OSError(errno.EOPNOTSUPP, "NFS keeps user.* attributes only")
+        option = {os.XATTR_CREATE: ops.SETXATTR4_CREATE, os.XATTR_REPLACE: ops.SETXATTR4_REPLACE}.get(
+            flags, ops.SETXATTR4_EITHER)
+        await self._xattr_call(node, ops.SetXattr(option, key, bytes(value)))
+
+    async def listxattr(self, node):
+        if self.settings.minorversion < 2 or ops.OP_GETXATTR in self.client.unsupported:
+            return []
+        names, cookie = [], 0
+        while True:
+            try:
+                cookie, page, eof = await self._xattr_call(node, ops.ListXattrs(cookie, LIST_XATTRS_MAX))
+            except OSError as e:
+                if e.errno == errno.EOPNOTSUPP:
+                    return []
+                raise
+            names += [b"user." + n for n in page]
+            if eof:
+                return names
+            if not page:
+                raise OSError(errno.EIO, "LISTXATTRS made no progress")
+
+    async def removexattr(self, node, name):
+        key = self._xattr_name(name)
+        if key is None:
+            raise OSError(errno.ENODATA, "no such attribute")
+        await self._xattr_call(node, ops.RemoveXattr(key))
+
+    async def close(self):
+        if self.client is not None:
+            client, self.client = self.client, None
+            await client.close()
+
+    # -- NFSv4.2 capabilities ---------------------------------------------------------------------
+
+    async def clone_range(self, src_file, src_offset, dst_file, dst_offset, length):
+        self._supported(ops.OP_CLONE, "CLONE")
+        blk = self.clone_blksize
+        if blk and (src_offset % blk or dst_offset % blk):
+            raise NotSupported("CLONE: offsets not aligned to the clone block size")
+        try:
+            await self._with_state([src_file, dst_file], lambda s, d: [
+                ops.PutFH(src_file.node.fh), ops.SaveFH(), ops.PutFH(dst_file.node.fh),
+                ops.Clone(s, d, src_offset, dst_offset, length)])
+        except NFSError as e:
+            unsupported = self._unsupported(ops.OP_CLONE, e, "CLONE")
+            if unsupported:
+                raise unsupported from None
+            if e.status in COPY_UNSUPPORTED:
+                raise NotSupported(f"CLONE: {e.strerror}") from None
+            raise
+        return length
+
+    async def server_copy(self, src_file, src_offset, dst_file, dst_offset, length):
+        self._supported(ops.OP_COPY, "COPY")
+        count = min(length, COPY_PER_CALL)
+        # Asynchronous only where CB_OFFLOAD can reach us: OFFLOAD_STATUS alone cannot tell how it ended.
+        synchronous = count <= SYNC_COPY_LIMIT or not self.client.async_copies
+        for attempt in range(4):
+            try:
+                res = await self._with_state([src_file, dst_file], lambda s, d: [
+                    ops.PutFH(src_file.node.fh), ops.SaveFH(), ops.PutFH(dst_file.node.fh),
+                    ops.Copy(s, d, src_offset, dst_offset, count, synchronous)], retry_delay=False)
+            except NFSError as e:
+                unsupported = self._unsupported(ops.OP_COPY, e, "COPY")
+                if unsupported:
+                    raise unsupported from None
+                if e.status in COPY_UNSUPPORTED:
+                    raise NotSupported(f"COPY: {e.strerror}") from None
+                if e.status == errors.OFFLOAD_NO_REQS:
+                    synchronous = not synchronous if e.detail is None else e.detail
+                    continue
+                if e.status == errors.DELAY:
+                    synchronous = True
+                    await trio.sleep(0.1 * (attempt + 1))
+                    continue
+                raise
+            copy = res[-1]
+            if copy.callback is None:
+                result = copy.result
+            else:
+                result = await self._await_offload(dst_file, copy.callback)
+                if result is None:
+                    log.warning("NFS server %s ended a copy without telling how; copying synchronously from "
+                                "now on", self.settings.host)
+                    self.client.async_copies = False
+                    synchronous = True
+                    continue
+            if await self._committed(dst_file, dst_offset, result):
+                return result.count
+            log.warning("NFS server %s restarted during a copy; copying again", self.settings.host)
+        raise NotSupported("COPY: the server keeps failing")
+
+    async def _committed(self, file, offset, result):
+        """COMMIT what a copy wrote unstably; False if the server lost it (the write verifier changed)."""
+        if result.committed == ops.FILE_SYNC4 or result.count == 0:
+            return True
+        count = result.count if result.count <= 0xFFFFFFFF else 0  # 0: through the end of the file
+        [_, verifier] = await self._call([ops.PutFH(file.node.fh), ops.Commit(offset, count)])
+        return verifier == result.verifier
+
+    async def _await_offload(self, dst_file, stateid):
+        """How an asynchronous COPY ended (a WriteResult), from CB_OFFLOAD or OFFLOAD_STATUS; None if unknown.
+
+        OFFLOAD_STATUS covers a late callback, but Linux nfsd never reports completion there and
+        answers BAD_STATEID once the copy is over, so that answer means "over: the callback should
+        be on its way".  A cancelled wait cancels the copy on the server.
+        """
+        record = self.client.offload(stateid)
+        fh = dst_file.node.fh
+        interval = POLL_START
+        try:
+            while not record.done.is_set():
+                with trio.move_on_after(interval):
+                    await record.done.wait()
+                if record.done.is_set():
+                    break
+                try:
+                    [_, (count, complete)] = await self._call([ops.PutFH(fh), ops.OffloadStatus(stateid)])
+                except NFSError as e:
+                    if e.status == errors.NOTSUPP:
+                        interval = POLL_MAX  # nothing to ask: wait for the callback
+                        continue
+                    if e.status not in (errors.BAD_STATEID, errors.OLD_STATEID, errors.STALE_STATEID):
+                        raise
+                    with trio.move_on_after(LATE_CALLBACK):
+                        await record.done.wait()
+                    if not record.done.is_set():
+                        return None
+                    break
+                if complete is not None:
+                    if complete != errors.OK and count == 0:
+                        raise NFSError(complete, "COPY")
+                    return await self._stable(dst_file, count)
+                interval = min(interval * 2, POLL_MAX)
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                try:
+                    await self._call([ops.PutFH(fh), ops.OffloadCancel(stateid)])
+                except OSError as e:
+                    log.debug("OFFLOAD_CANCEL: %s", e)
+            raise
+        finally:
+            self.client.offloads.pop(stateid[4:], None)
+        outcome = record.outcome
+        if outcome.status == errors.OK:
+            return outcome.result
+        if outcome.copied == 0:
+            raise NFSError(outcome.status, "COPY")
+        return await self._stable(dst_file, outcome.copied)  # a partial copy: the planner goes on from there
+
+    async def _stable(self, file, count):
+        """A WriteResult for ``count`` bytes copied under no known verifier: COMMIT now, check nothing."""
+        if count:
+            await self._call([ops.PutFH(file.node.fh), ops.Commit()])
+        return ops.WriteResult(count, ops.FILE_SYNC4, bytes(8))
+
+    async def seek(self, file, offset, whence):
+        if whence not in (SEEK_DATA, SEEK_HOLE):
+            raise OSError(errno.EINVAL, "only SEEK_DATA and SEEK_HOLE go to the server")
+        if self.settings.minorversion >= 2 and ops.OP_SEEK not in self.client.unsupported:
+            try:
+                [_, (eof, found)] = await self._with_state([file], lambda sid: [
+                    ops.PutFH(file.node.fh), ops.Seek(sid, offset, whence == SEEK_HOLE)])
+            except NFSError as e:
+                if not self._unsupported(ops.OP_SEEK, e, "SEEK"):
+                    raise
+            else:
+                if whence == SEEK_DATA and eof:
+                    raise OSError(errno.ENXIO, "no data past the offset")
+                return found
+        size = (await self.getattr(file.node, file)).size  # no hole information: all data
+        if offset >= size:
+            raise OSError(errno.ENXIO, "past end of file")
+        return offset if whence == SEEK_DATA else size
+
+    async def allocate(self, file, mode, offset, length):
+        if mode == FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE:
+            op, deallocate = ops.OP_DEALLOCATE, True
+        elif mode in (0, FALLOC_FL_KEEP_SIZE):
+            op, deallocate = ops.OP_ALLOCATE, False
+            if mode == FALLOC_FL_KEEP_SIZE:  # ALLOCATE grows the file: stop at its end
+                length = min(offset + length, (await self.getattr(file.node, file)).size) - offset
+                if length <= 0:
+                    return
+        else:
+            raise OSError(errno.EOPNOTSUPP, "NFS allocates and punches holes, nothing else")
+        if self.settings.minorversion < 2 or op in self.client.unsupported:
+            raise OSError(errno.EOPNOTSUPP, "the server cannot allocate")
+        try:
+            await self._with_state([file], lambda sid: [ops.PutFH(file.node.fh),
+                                                         ops.Allocate(sid, offset, length, deallocate)])
+        except NFSError as e:
+            self._unsupported(op, e, "DEALLOCATE" if deallocate else "ALLOCATE")
+            raise
+
+
+def _assemble(offset, count, eof, segments):
+    """READ_PLUS segments -> (eof, bytes), or None when they make no sense (gaps, overlaps, no progress)."""
+    out = bytearray()
+    for seg_offset, data, length in segments:
+        if seg_offset != offset + len(out) or length == 0:
+            return None
+        length = min(length, count - len(out))
+        out += data[:length] if data is not None else bytes(length)
+        if len(out) >= count:
+            break
+    if not out and not eof:
+        return None
+    return eof, bytes(out)

@@ -1,0 +1,501 @@
+"""The NFSv4.1 client: one connection, one client ID and one session per server.
+
+Every request is a COMPOUND that starts with SEQUENCE on a slot; the slot's
+sequence ID gives exactly-once semantics across reconnects, so after a lost
+connection a request is resent on the same slot with the same sequence ID
+and the server either answers from its reply cache or runs it for the first
+time.  Recovery climbs only as far as needed: a new connection is bound to
+the old session (BIND_CONN_TO_SESSION); a lost session is replaced on the
+same client ID (open state survives); a lost client ID (lease expired,
+server restarted) means a new one, and ``generation`` goes up so that open
+files get reopened.
+
+The back channel runs on the same connection: CB_OFFLOAD ends asynchronous
+copies, CB_RECALL gets delegations returned (we ask for none).
+
+Hard mounts retry forever (a trio cancellation, e.g. an interrupted system
+call, still ends the wait); soft mounts give up after timeo x (retrans + 1)
+with ETIMEDOUT.
+"""
+import errno
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+import trio
+
+from . import attrs, compound, errors, ops, rpc
+from .errors import NFSError
+from .xdr import ProtocolError
+
+log = logging.getLogger(__name__)
+
+NFS4_PROGRAM, NFS_V4, NFSPROC4_COMPOUND = 100003, 4, 1
+CB_PROGRAM = 0x40000000
+MAX_SLOTS = 64
+BACK_SLOTS = 4
+RECORD_OVERHEAD = 64 << 10  # what we ask for beyond the largest READ/WRITE payload
+IO_HEADROOM = 1024  # RPC and compound framing around a READ/WRITE payload
+SEQ4_STATUS_CB_PATH_DOWN, SEQ4_STATUS_CB_PATH_DOWN_SESSION = 0x1, 0x200
+ROOT_CRED = rpc.auth_sys(0, 0)
+
+
+def _io_size(wanted, server_max, channel_max):
+    """The largest READ/WRITE payload: ours, the server's, the session's (less framing), in 4 KiB units."""
+    size = min(wanted, server_max or wanted, channel_max - IO_HEADROOM)
+    return max(4096, size & ~4095)
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str
+    port: int = 2049
+    minorversion: int = 2
+    soft: bool = False
+    timeo: float = 60.0  # seconds one request may take before the connection is dropped and it is resent
+    retrans: int = 2  # soft: resends before giving up
+    rsize: int = 1 << 20
+    wsize: int = 1 << 20
+    connect_timeout: float = 15.0
+
+
+class _Again(Exception):
+    """Send the compound again: after a backoff if ``wait`` (the server asked for time), on the same
+    slot with the same sequence ID if ``resend`` (it may have run: the server must see a resend)."""
+
+    def __init__(self, wait=False, resend=False):
+        self.wait = wait
+        self.resend = resend
+
+
+class SlotTable:
+    """The fore channel's slots: each carries its next sequence ID."""
+
+    def __init__(self, size):
+        self.size = size
+        self.seqids = [1] * size
+        self.uncertain = [False] * size  # a request was cut off: the server may or may not have run it
+        self._free = list(range(size - 1, -1, -1))
+        self._available = trio.Semaphore(size)
+
+    async def acquire(self):
+        await self._available.acquire()
+        return self._free.pop()
+
+    def release(self, slot):
+        self._free.append(slot)
+        self._available.release()
+
+
+class _Offload:
+    def __init__(self):
+        self.done = trio.Event()
+        self.outcome = None  # compound.Offload
+
+
+class Client:
+    _shared = {}  # (trio token, Settings) -> Client
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.conn = None
+        self.clientid = None
+        self.create_seq = 0
+        self.sessionid = None
+        self.table = None
+        self.fore = None
+        self.generation = 0  # bumped when the server forgot our state: reopen files
+        self.lease = 90
+        self.rsize = self.wsize = 4096  # set from the server's limits at start
+        self.supported_attrs = 0  # some servers refuse a GETATTR that names attributes they lack
+        self.renewed = 0.0
+        self.unsupported = set()  # NFSv4.2 operations this server answered NOTSUPP
+        self.async_copies = True  # asynchronous COPY, while CB_OFFLOAD reaches us
+        self.offloads = {}  # copy stateid "other" -> _Offload
+        self.users = 0
+        self._verifier = os.urandom(8)
+        self._owner = f"offloadfs/{socket.gethostname()}/{os.getpid()}/{os.urandom(6).hex()}".encode()
+        self._lock = trio.Lock()  # one recovery at a time
+        self._starting = trio.Lock()
+        self._nursery = None
+        self._stop = None
+        self._started = False
+
+    @classmethod
+    def shared(cls, settings):
+        key = (trio.lowlevel.current_trio_token(), settings)
+        client = cls._shared.get(key)
+        if client is None:
+            client = cls._shared[key] = cls(settings)
+        client.users += 1
+        return client
+
+    # -- start and stop ----------------------------------------------------------------
+
+    async def start(self):
+        """Connect, and set up client ID and session; OSError with a clear message if the server fails us."""
+        async with self._starting:
+            if self._started:
+                return
+            self._stop = trio.Event()
+            ready = trio.Event()
+            trio.lowlevel.spawn_system_task(self._services, ready)
+            await ready.wait()
+            try:
+                async with self._lock:
+                    await self._recover()
+                [_, values] = await self.compound([ops.PutRootFH(), ops.GetAttr(attrs.bits(
+                    attrs.SUPPORTED_ATTRS, attrs.LEASE_TIME, attrs.MAXREAD, attrs.MAXWRITE))])
+            except (rpc.ConnectionLost, rpc.RPCError, ProtocolError) as e:
+                await self._shutdown()
+                raise OSError(errno.EIO, f"NFS server {self.settings.host}: {e}") from None
+            except BaseException:
+                await self._shutdown()
+                raise
+            self.supported_attrs = values.get(attrs.SUPPORTED_ATTRS, 0)
+            self.lease = max(5, values.get(attrs.LEASE_TIME, 90))
+            self.rsize = _io_size(self.settings.rsize, values.get(attrs.MAXREAD), self.fore.max_response)
+            self.wsize = _io_size(self.settings.wsize, values.get(attrs.MAXWRITE), self.fore.max_request)
+            self.renewed = trio.current_time()
+            self.spawn(self._renew)
+            self._started = True
+
+    def spawn(self, fn, *args):
+        """Run ``fn(*args)`` in the background; a failure is logged, never allowed to take the client down."""
+        self._nursery.start_soon(self._guarded, fn, args)
+
+    @staticmethod
+    async def _guarded(fn, args):
+        try:
+            await fn(*args)
+        except Exception:
+            log.exception("NFS client task %s failed", fn.__name__)
+
+    async def _services(self, ready):
+        """A nursery for the readers and background tasks, living as long as the client."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            ready.set()
+            await self._stop.wait()
+            nursery.cancel_scope.cancel()
+
+    async def close(self):
+        """Drop a user; the last one ends the session and client ID (best effort, a few seconds at most)."""
+        self.users -= 1
+        if self.users > 0:
+            return
+        self._shared.pop((trio.lowlevel.current_trio_token(), self.settings), None)
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(5):
+                if self.conn is not None and not self.conn.closed and self.sessionid is not None:
+                    try:
+                        await self._solo(ops.DestroySession(self.sessionid))
+                        await self._solo(ops.DestroyClientId(self.clientid))
+                    except (OSError, rpc.ConnectionLost, rpc.RPCError, ProtocolError) as e:
+                        log.debug("NFS session teardown: %s", e)
+            await self._shutdown()
+
+    async def _shutdown(self):
+        if self.conn is not None:
+            await self.conn.close("client closed")
+        self._started = False
+        self._stop.set()
+
+    # -- connection and session recovery -------------------------------------------------
+
+    async def _connect(self):
+        s = self.settings
+        try:
+            with trio.fail_after(s.connect_timeout):
+                stream = await trio.open_tcp_stream(s.host, s.port)
+        except trio.TooSlowError:
+            raise OSError(errno.ETIMEDOUT, f"no answer from {s.host}:{s.port} in {s.connect_timeout:g} s") from None
+        except OSError as e:
+            raise OSError(e.errno or errno.EHOSTUNREACH, f"cannot connect to {s.host}:{s.port}: "
+                          f"{e.strerror or e}") from None
+        stream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        max_record = max(s.rsize, s.wsize) + RECORD_OVERHEAD
+        conn = rpc.Connection(stream, self._on_call, max_record)
+        self.spawn(conn.serve)
+        return conn
+
+    async def _solo(self, op):
+        """A compound of one session-less operation (EXCHANGE_ID, CREATE_SESSION...)."""
+        try:
+            with trio.fail_after(self.settings.timeo):
+                u = await self.conn.call(NFS4_PROGRAM, NFS_V4, NFSPROC4_COMPOUND, ROOT_CRED,
+                                         compound.encode([op], self.settings.minorversion))
+        except trio.TooSlowError:
+            await self.conn.close("no answer")
+            raise rpc.ConnectionLost(f"no answer from {self.settings.host} in {self.settings.timeo:g} s") from None
+        results, failure = compound.decode(u, [op])
+        if failure is not None:
+            raise NFSError(failure.status, type(op).__name__)
+        return results[0]
+
+    async def _recover(self):
+        """Get a usable connection and session, going only as far back as needed."""
+        fresh = self.conn is None or self.conn.closed
+        if fresh:
+            self.conn = await self._connect()
+        if self.sessionid is not None:
+            if not fresh:
+                return
+            try:
+                await self._solo(ops.BindConnToSession(self.sessionid))
+                return
+            except NFSError as e:
+                if e.status not in (errors.BADSESSION, errors.DEADSESSION):
+                    raise
+                log.info("NFS session on %s lost; creating another", self.settings.host)
+                self.sessionid = None
+        if self.clientid is not None:
+            try:
+                await self._create_session()
+                return
+            except NFSError as e:
+                if e.status not in (errors.STALE_CLIENTID, errors.EXPIRED):
+                    raise
+                log.warning("NFS server %s forgot us (restarted or lease expired): reopening files",
+                            self.settings.host)
+                self.clientid = None
+                self.generation += 1
+        try:
+            res = await self._solo(ops.ExchangeId(self._verifier, self._owner))
+        except NFSError as e:
+            if e.status == errors.MINOR_VERS_MISMATCH:
+                raise OSError(errno.EPROTONOSUPPORT, f"{self.settings.host} does not speak NFSv4."
+                              f"{self.settings.minorversion} (try minorversion=1)") from None
+            raise
+        self.clientid, self.create_seq = res.clientid, res.sequenceid
+        await self._create_session()
+        for _ in range(10):
+            try:
+                await self._sequenced([ops.ReclaimComplete()])
+                return
+            except NFSError as e:
+                if e.status == errors.COMPLETE_ALREADY:
+                    return
+                raise
+            except _Again:
+                await trio.sleep(0.1)
+        raise rpc.ConnectionLost("RECLAIM_COMPLETE keeps failing")
+
+    async def _create_session(self):
+        s = self.settings
+        io = max(s.rsize, s.wsize) + RECORD_OVERHEAD
+        fore = ops.ChannelAttrs(io, io, 16 << 10, 16, MAX_SLOTS)
+        back = ops.ChannelAttrs(16 << 10, 16 << 10, 0, 8, BACK_SLOTS)
+        res = await self._solo(ops.CreateSession(self.clientid, self.create_seq, fore, back, CB_PROGRAM))
+        self.create_seq = (self.create_seq + 1) & 0xFFFFFFFF
+        self.sessionid = res.sessionid
+        self.fore = res.fore
+        if not res.flags & ops.CREATE_SESSION_CONN_BACK_CHAN:
+            self.async_copies = False  # no back channel: CB_OFFLOAD could not reach us
+        self.table = SlotTable(max(1, min(res.fore.max_requests, MAX_SLOTS)))
+
+    async def _ready(self):
+        delay = 0.5
+        while self.conn is None or self.conn.closed or self.sessionid is None:
+            async with self._lock:
+                if self.conn is not None and not self.conn.closed and self.sessionid is not None:
+                    break
+                try:
+                    await self._recover()
+                    break
+                except (OSError, rpc.ConnectionLost, rpc.RPCError, ProtocolError) as e:
+                    log.warning("NFS server %s not usable, still trying: %s", self.settings.host, e)
+                    if self.conn is not None:
+                        await self.conn.close(str(e))
+            await trio.sleep(delay)
+            delay = min(delay * 2, 10)
+
+    # -- compounds --------------------------------------------------------------------------
+
+    async def compound(self, op_list, cred=ROOT_CRED, cache=False, retry_delay=True):
+        """Run SEQUENCE + ``op_list``; the results of ``op_list``, or NFSError for the first that failed.
+
+        ``cache``: ask the server to keep the reply for a resend (for what must not run twice).
+        ``retry_delay``: wait and resend on NFS4ERR_DELAY (else it is raised).
+        """
+        if not self.settings.soft:
+            return await self._retrying(op_list, cred, cache, retry_delay)
+        limit = self.settings.timeo * (self.settings.retrans + 1)
+        try:
+            with trio.fail_after(limit):
+                return await self._retrying(op_list, cred, cache, retry_delay)
+        except trio.TooSlowError:
+            raise OSError(errno.ETIMEDOUT, f"NFS server {self.settings.host} did not answer "
+                          f"in {limit:g} s (soft mount)") from None
+
+    async def _retrying(self, op_list, cred, cache, retry_delay):
+        delay = 0.05
+        held = None  # (table, slot): kept while a lost request is resent with the same sequence ID
+        try:
+            while True:
+                await self._ready()
+                if held is not None and held[0] is not self.table:
+                    held[0].release(held[1])  # that session is gone, and its slots with it
+                    held = None
+                if held is None:
+                    table = self.table
+                    held = (table, await table.acquire())
+                table, slot = held
+                try:
+                    return await self._try_slot(self.conn, table, self.sessionid, slot, op_list, cred, cache,
+                                                retry_delay)
+                except _Again as again:
+                    if not again.resend:
+                        table.release(slot)
+                        held = None
+                    if again.wait:
+                        await trio.sleep(delay)
+                        delay = min(delay * 2, 2.0)
+        finally:
+            if held is not None:
+                held[0].release(held[1])
+
+    async def _sequenced(self, op_list, cred=ROOT_CRED, cache=False, retry_delay=True):
+        """One try on one slot; _Again when the compound must be resent."""
+        conn, table, sessionid = self.conn, self.table, self.sessionid
+        slot = await table.acquire()
+        try:
+            return await self._try_slot(conn, table, sessionid, slot, op_list, cred, cache, retry_delay)
+        finally:
+            table.release(slot)
+
+    async def _try_slot(self, conn, table, sessionid, slot, op_list, cred, cache, retry_delay):
+        for op in op_list:
+            if isinstance(op, ops.Open):
+                op.clientid = self.clientid
+        seq = ops.Sequence(sessionid, table.seqids[slot], slot, table.size - 1, cache)
+        full = [seq] + op_list
+        args = compound.encode(full, self.settings.minorversion)
+        try:
+            with trio.move_on_after(self.settings.timeo) as timer:
+                u = await conn.call(NFS4_PROGRAM, NFS_V4, NFSPROC4_COMPOUND, cred, args)
+        except rpc.ConnectionLost:
+            raise _Again(resend=True) from None
+        except (ProtocolError, rpc.RPCError) as e:
+            self._cut_off(table, slot)
+            await conn.close(str(e))
+            raise OSError(errno.EIO, f"NFS server {self.settings.host}: {e}") from None
+        except trio.Cancelled:
+            self._cut_off(table, slot)
+            raise
+        if timer.cancelled_caught:
+            log.warning("NFS server %s not answering for %g s; reconnecting", self.settings.host,
+                        self.settings.timeo)
+            await conn.close("request timed out")
+            raise _Again(resend=True)
+        try:
+            results, failure = compound.decode(u, full)
+        except ProtocolError as e:
+            log.error("undecodable reply from %s: %s", self.settings.host, e)
+            self._cut_off(table, slot)
+            await conn.close(f"protocol error: {e}")
+            raise OSError(errno.EIO, f"NFS server sent a broken reply: {e}") from None
+        if failure is not None and failure.index == 0:
+            self._sequence_failed(table, slot, failure.status)
+        table.seqids[slot] = (table.seqids[slot] + 1) & 0xFFFFFFFF
+        table.uncertain[slot] = False
+        self.renewed = trio.current_time()
+        if results[0].status_flags & (SEQ4_STATUS_CB_PATH_DOWN | SEQ4_STATUS_CB_PATH_DOWN_SESSION):
+            self.spawn(self._rebind, conn)
+        if failure is None:
+            return results[1:]
+        status = failure.status
+        if status == errors.GRACE or (status == errors.DELAY and retry_delay):
+            raise _Again(wait=True)
+        if status in (errors.STALE_CLIENTID, errors.BADSESSION, errors.DEADSESSION):
+            self._forget(table, client=status == errors.STALE_CLIENTID)
+            raise _Again()
+        if status == errors.RETRY_UNCACHED_REP and failure.index == 1:
+            raise _Again()  # a resend of one that ran, reply not kept (ganesha says so here): send anew
+        raise NFSError(status, type(full[failure.index]).__name__, failure.detail)
+
+    @staticmethod
+    def _cut_off(table, slot):
+        """We stopped waiting for a request that may have run: assume it did, check on the slot's next use."""
+        table.seqids[slot] = (table.seqids[slot] + 1) & 0xFFFFFFFF
+        table.uncertain[slot] = True
+
+    def _sequence_failed(self, table, slot, status):
+        """SEQUENCE itself failed: the slot's sequence ID was not used up."""
+        if status == errors.DELAY:
+            raise _Again(wait=True)  # the slot is still busy with an earlier request
+        if status == errors.SEQ_MISORDERED and table.uncertain[slot]:
+            table.seqids[slot] -= 1  # the cut-off request never ran
+            table.uncertain[slot] = False
+            raise _Again()
+        if status == errors.RETRY_UNCACHED_REP:
+            table.seqids[slot] += 1  # it ran but its reply is gone: what we send is idempotent or cached
+            raise _Again()
+        if status in (errors.BADSESSION, errors.DEADSESSION, errors.BADSLOT, errors.SEQ_MISORDERED):
+            self._forget(table)
+            raise _Again()
+        if status in (errors.STALE_CLIENTID, errors.EXPIRED):
+            self._forget(table, client=True)
+            raise _Again()
+        if status == errors.CONN_NOT_BOUND_TO_SESSION:
+            self._forget(table)
+            raise _Again()
+        raise NFSError(status, "SEQUENCE")
+
+    def _forget(self, table, client=False):
+        """The session (or the client ID) is gone; the next compound recovers."""
+        if table is not self.table:
+            return  # already replaced
+        self.sessionid = None
+        if client and self.clientid is not None:
+            self.clientid = None
+            self.generation += 1
+
+    async def _rebind(self, conn):
+        """The server lost our back channel: bind this connection to the session again."""
+        async with self._lock:
+            if conn is self.conn and not conn.closed and self.sessionid is not None:
+                try:
+                    await self._solo(ops.BindConnToSession(self.sessionid))
+                except (OSError, rpc.ConnectionLost, rpc.RPCError, ProtocolError) as e:
+                    log.warning("cannot rebind the NFS back channel: %s", e)
+
+    async def _renew(self):
+        """Keep the lease alive while idle: an empty SEQUENCE every third of the lease."""
+        while True:
+            await trio.sleep(max(1.0, self.renewed + self.lease / 3 - trio.current_time()))
+            if trio.current_time() - self.renewed >= self.lease / 3:
+                try:
+                    await self.compound([])
+                except OSError as e:
+                    log.warning("NFS lease renewal on %s failed: %s", self.settings.host, e)
+                    await trio.sleep(1)
+
+    # -- back channel -------------------------------------------------------------------------
+
+    async def _on_call(self, prog, vers, proc, u):
+        if prog != CB_PROGRAM:
+            return None
+        if proc == 0:
+            return b""
+        return compound.callback(u, self.sessionid, BACK_SLOTS, self._offload_done, self.return_delegation)
+
+    def offload(self, stateid):
+        """The record an asynchronous copy's end lands in (CB_OFFLOAD may come before the COPY reply)."""
+        return self.offloads.setdefault(stateid[4:], _Offload())
+
+    def _offload_done(self, stateid, outcome):
+        record = self.offload(stateid)
+        record.outcome = outcome
+        record.done.set()
+
+    def return_delegation(self, stateid, fh):
+        """Give a delegation back (recalled, or granted though we asked for none), in the background."""
+        self.spawn(self._delegreturn, stateid, fh)
+
+    async def _delegreturn(self, stateid, fh):
+        try:
+            await self.compound([ops.PutFH(fh), ops.DelegReturn(stateid)])
+        except OSError as e:
+            log.debug("DELEGRETURN: %s", e)
