@@ -134,4 +134,7 @@ def parse(mountpoint, source, option_strings):
         raise OptionError("passthrough and writeback_cache exclude each other")
     if config.flags & MS_RDONLY:
         fs.ro = True
+    if config.allow_other:
+        # The daemon reaches the sources as root: other users must meet the kernel's checks.
+        config.default_permissions = True
     return config

@@ -7,6 +7,7 @@ def test_defaults_and_flags():
     c = parse("/mnt", "/srv", ["ro,allow_other,uid=1000,umask=022,noauto,_netdev,x-systemd.automount"])
     assert c.sources == {"source": "/srv"}
     assert c.fs.ro and c.allow_other and c.fs.uid == 1000 and c.fs.umask == 0o22
+    assert c.default_permissions  # allow_other never opens the sources to everyone
     assert c.fs.offload
 
 
