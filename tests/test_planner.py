@@ -144,3 +144,24 @@ async def test_a_failing_copy_is_counted_and_leaves_nothing_in_flight():
     with pytest.raises(OSError):
         await Planner(stats, True).copy(src, 0, dst, 0, 100)
     assert stats.copy_errors == 1 and stats.in_flight == {}
+
+
+class Pulling(Mem):
+    """A destination server that pulls from other servers, at most ``cap`` bytes a call."""
+
+    def __init__(self, server, cap=4096):
+        super().__init__(server)
+        self.cap = cap
+
+    async def inter_server_copy(self, src_backend, src, src_off, dst, dst_off, length):
+        if not isinstance(src_backend, Mem):
+            raise NotSupported("not a server we can reach")
+        n = min(length, self.cap)
+        return await self.write(dst, dst_off, src[src_off:src_off + n])
+
+
+async def test_copies_between_servers_use_inter_server_copy():
+    assert plan(*ends(Mem("a"), Pulling("b"), b"x")[:2], True) == ["inter_server_copy", "stream"]
+    n, out, c, _ = await run_copy(Mem("a"), Pulling("b"))
+    assert n == len(DATA) and out == DATA
+    assert c["copies"]["inter_server_copy"] == 1 and c["copy_bytes"]["inter_server_copy"] == len(DATA)

@@ -119,6 +119,16 @@ class ServerCopy(Protocol):
 
 
 @runtime_checkable
+class InterServerCopy(Protocol):
+    """The destination's server pulls a range from another server (NFSv4.2 COPY_NOTIFY + COPY).
+
+    ``src_backend`` is the source's backend; raise NotSupported when this
+    pair of servers cannot do it.  May copy less than asked (the caller loops).
+    """
+    async def inter_server_copy(self, src_backend, src_file, src_offset, dst_file, dst_offset, length) -> int: ...
+
+
+@runtime_checkable
 class SeekData(Protocol):
     """SEEK_DATA / SEEK_HOLE answered by the server."""
     async def seek(self, file, offset, whence) -> int: ...
