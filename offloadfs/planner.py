@@ -2,18 +2,27 @@
 
 Order of preference, each tried only where the backends offer it:
 clone (copy-on-write, near free) -> server-side copy (the data moves on the
-server, not over our link) -> our own streaming copy.  A method that cannot
-serve the request raises NotSupported and the next one takes over from the
-byte where the last stopped, so a copy is never handed back to the kernel
-(whose fallback is slower: 64 KiB writes through FUSE).
+server, not over our link) -> inter-server copy -> our own streaming copy.
+An offload that the cost model, fed by earlier copies on the same route,
+expects to be slower than streaming this size is skipped: offloading must
+never lose.  A method that cannot serve the request raises NotSupported and
+the next one takes over from the byte where the last stopped, so a copy is
+never handed back to the kernel (whose fallback is slower: 64 KiB writes
+through FUSE).
 """
+import time
 from dataclasses import dataclass
 
 import trio
 
+from .costs import CostModel
+
 from .backends.base import CloneRange, InterServerCopy, NotSupported, ServerCopy
 
 STREAM_CHUNK = 8 << 20
+# While streaming on a route is unmeasured, copies up to this size stream once to learn
+# its cost: being wrong about a small copy costs little.
+EXPLORE_LIMIT = 1 << 20
 
 
 @dataclass(slots=True)
@@ -43,6 +52,23 @@ class Planner:
     def __init__(self, stats, offload=True):
         self.stats = stats
         self.offload = offload
+        self.costs = CostModel()
+
+    def choose(self, route, methods, length):
+        """Drop the offloads expected to lose against streaming ``length`` bytes on ``route``."""
+        offloads = methods[:-1]
+        if not offloads:
+            return methods
+        stream = self.costs.predict(route, "stream", length)
+        if stream is None:
+            learned = any(self.costs.known(route, m) for m in offloads)
+            return ["stream"] if learned and length <= EXPLORE_LIMIT else methods
+        faster = []
+        for m in offloads:
+            cost = self.costs.predict(route, m, length)
+            if cost is None or cost < stream:
+                faster.append(m)
+        return faster + ["stream"]
 
     async def copy(self, src: Endpoint, off_in, dst: Endpoint, off_out, length):
         """Copy up to ``length`` bytes; returns the count (short only at the source's EOF)."""
@@ -51,15 +77,20 @@ class Planner:
         if length == 0:
             return 0
         record = self.stats.start_copy(src.label, dst.label, length)
+        route = (id(src.backend), id(dst.backend))
         failed = True
         try:
             done = 0
-            for method in plan(src, dst, self.offload):
+            for method in self.choose(route, plan(src, dst, self.offload), length):
+                started = time.monotonic()
                 try:
-                    done += await getattr(self, "_" + method)(src, off_in + done, dst, off_out + done,
-                                                             length - done, record)
+                    n = await getattr(self, "_" + method)(src, off_in + done, dst, off_out + done,
+                                                          length - done, record)
                 except NotSupported:
                     continue
+                if n == length:  # one method did it all: a clean sample of its cost
+                    self.costs.record(route, method, n, time.monotonic() - started)
+                done += n
                 if done >= length:
                     break
             failed = False

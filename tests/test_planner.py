@@ -2,6 +2,7 @@
 import pytest
 
 from offloadfs.backends.base import Backend, NotSupported, Stat
+from offloadfs.costs import CostModel
 from offloadfs.planner import Endpoint, Planner, plan
 from offloadfs.stats import Stats
 
@@ -165,3 +166,39 @@ async def test_copies_between_servers_use_inter_server_copy():
     n, out, c, _ = await run_copy(Mem("a"), Pulling("b"))
     assert n == len(DATA) and out == DATA
     assert c["copies"]["inter_server_copy"] == 1 and c["copy_bytes"]["inter_server_copy"] == len(DATA)
+
+
+def test_cost_model_separates_fixed_cost_from_rate():
+    costs = CostModel()
+    assert costs.predict("r", "stream", 100) is None
+    costs.record("r", "stream", 1000, 0.001)
+    assert costs.predict("r", "stream", 1500) == pytest.approx(0.001)
+    assert costs.predict("r", "stream", 10_000) is None  # one size: rate unknown
+    costs.record("r", "stream", 3000, 0.003)
+    assert costs.predict("r", "stream", 10_000) == pytest.approx(0.01)
+    costs.record("r", "copy", 1000, 0.1001)
+    costs.record("r", "copy", 11_000, 0.1011)
+    assert costs.predict("r", "copy", 1_000_000) == pytest.approx(0.2, rel=0.01)
+
+
+def test_slow_offloads_are_skipped_for_the_sizes_where_they_lose():
+    planner = Planner(Stats("/mnt", {}))
+    route, methods = ("a", "b"), ["inter_server_copy", "stream"]
+    assert planner.choose(route, methods, 1000) == methods  # nothing known: offload first
+    for n in (1 << 20, 64 << 20):
+        planner.costs.record(route, "inter_server_copy", n, 0.1 + n / 1e9)  # setup 0.1 s, then 1 GB/s
+        planner.costs.record(route, "stream", n, n / 1e8)  # no setup, 100 MB/s
+    assert planner.choose(route, methods, 1 << 20) == ["stream"]
+    assert planner.choose(route, methods, 64 << 20) == methods
+
+
+async def test_an_unmeasured_route_streams_a_small_copy_once_to_learn():
+    b = Copying()
+    stats = Stats("/mnt", {})
+    planner = Planner(stats)
+    for expected in ("server_copy", "stream", "server_copy"):
+        src, dst, out = ends(b, b, DATA)
+        assert await planner.copy(src, 0, dst, 0, len(DATA)) == len(DATA) and out == DATA
+        assert stats.copies[expected] >= 1
+    # Both measured at this size now: the cheaper one wins from here on.
+    assert planner.costs.known((id(b), id(b)), "stream")
