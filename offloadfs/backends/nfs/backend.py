@@ -7,8 +7,9 @@ at once, and are kept until a COMMIT with the same write verifier proves
 them on disk; a changed verifier (the server restarted) sends them again.
 
 NFSv4.2 gives the offload capabilities: COPY (synchronous for small ranges,
-asynchronous with CB_OFFLOAD or OFFLOAD_STATUS for large ones), CLONE, SEEK,
-READ_PLUS, ALLOCATE/DEALLOCATE, and user.* extended attributes (RFC 8276).
+asynchronous with CB_OFFLOAD or OFFLOAD_STATUS for large ones), COPY_NOTIFY +
+COPY between two servers, CLONE, SEEK, READ_PLUS, ALLOCATE/DEALLOCATE, and
+user.* extended attributes (RFC 8276).
 An operation a server answers NOTSUPP is remembered for that server, so the
 next request moves on at once.
 
@@ -46,6 +47,11 @@ FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 1, 2
 # Answers that mean "not this way, for this pair or range" rather than "the copy failed".
 COPY_UNSUPPORTED = {errors.XDEV, errors.INVAL, errors.WRONG_TYPE, errors.ISDIR, errors.OFFLOAD_DENIED,
                     errors.PARTNER_NOTSUPP, errors.UNION_NOTSUPP, errors.WRONG_LFS}
+# An inter-server COPY's answers that mean "this server cannot pull from that one" (Linux nfsd:
+# OFFLOAD_DENIED when it cannot mount the source or open the file there).
+PULL_REFUSED = {errors.OFFLOAD_DENIED, errors.PARTNER_NOTSUPP, errors.PARTNER_NO_AUTH}
+# What a server that takes no other server's filehandles answers the source's PUTFH with.
+FOREIGN_FH_REFUSED = {errors.STALE, errors.BADHANDLE, errors.FHEXPIRED}
 
 
 class Node:
@@ -577,6 +583,112 @@ class NFSBackend(Backend):
                 return result.count
             log.warning("NFS server %s restarted during a copy; copying again", self.settings.host)
         raise NotSupported("COPY: the server keeps failing")
+
+    async def inter_server_copy(self, src_backend, src_file, src_offset, dst_file, dst_offset, length):
+        """Have this server pull a range of a file on ``src_backend``'s server (RFC 7862, 4.2).
+
+        COPY_NOTIFY asks the source server to let this one read the file and answers a stateid
+        for that and the addresses to reach it at; COPY hands both to this server, which mounts
+        the source itself.  Only an asynchronous COPY may go between servers (Linux nfsd answers
+        a synchronous one NOTSUPP), so the outcome comes by CB_OFFLOAD.
+        """
+        source = self._pull_source(src_backend)
+        count = min(length, COPY_PER_CALL)
+        stateid, sources = await src_backend._copy_notify(src_file, ops.NetLoc.address(*self.client.address))
+        try:
+            return await self._pull(source, stateid, sources, src_file, src_offset, dst_file, dst_offset, count)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await src_backend._end_notify(src_file, stateid)
+
+    def _pull_source(self, src_backend):
+        """The source server as (host, port); NotSupported at once when this pair cannot copy."""
+        if not isinstance(src_backend, NFSBackend) or src_backend.client is None:
+            raise NotSupported("inter-server COPY: the source is not on an NFS server")
+        if self.settings.minorversion < 2 or src_backend.settings.minorversion < 2:
+            raise NotSupported("inter-server COPY: needs NFSv4.2 on both sides")
+        if not self.client.pulls or ops.OP_COPY in self.client.unsupported:
+            raise NotSupported(f"inter-server COPY: {self.settings.host} does not copy from other servers")
+        if ops.OP_COPY_NOTIFY in src_backend.client.unsupported:
+            raise NotSupported(f"inter-server COPY: {src_backend.settings.host} does not let others copy from it")
+        if src_backend.client.address == self.client.address:
+            # One server through two sessions: it would mount itself (a loopback mount can deadlock).
+            raise NotSupported("inter-server COPY: both files are on one server")
+        source = (src_backend.settings.host, src_backend.settings.port)
+        if source in self.client.refused_sources:
+            raise NotSupported(f"inter-server COPY: {self.settings.host} could not copy from {source[0]}")
+        if not self.client.async_copies:
+            raise NotSupported("inter-server COPY: asynchronous only, and CB_OFFLOAD does not reach us")
+        return source
+
+    async def _copy_notify(self, file, destination):
+        """(stateid, source server addresses) from COPY_NOTIFY, on the source's backend."""
+        try:
+            [_, notified] = await self._with_state([file], lambda sid: [
+                ops.PutFH(file.node.fh), ops.CopyNotify(sid, destination)])
+        except NFSError as e:
+            unsupported = self._unsupported(ops.OP_COPY_NOTIFY, e, "COPY_NOTIFY")
+            if unsupported:
+                raise unsupported from None
+            if e.status in COPY_UNSUPPORTED:
+                raise NotSupported(f"COPY_NOTIFY: {e.strerror}") from None
+            raise
+        # None named: the address we reach it at (a COPY with no source would be an intra-server one).
+        return notified.stateid, notified.sources or [ops.NetLoc.address(*self.client.address)]
+
+    async def _end_notify(self, file, stateid):
+        """OFFLOAD_CANCEL on the source: the copy is over, withdraw what COPY_NOTIFY allowed
+        (else it lingers for a lease)."""
+        try:
+            await self._call([ops.PutFH(file.node.fh), ops.OffloadCancel(stateid)])
+        except OSError as e:
+            log.debug("OFFLOAD_CANCEL of a copy notification: %s", e)
+
+    async def _pull(self, source, stateid, sources, src_file, src_offset, dst_file, dst_offset, count):
+        """The destination's part of an inter-server copy: COPY, then wait for CB_OFFLOAD."""
+        for attempt in range(4):
+            try:
+                res = await self._with_state([dst_file], lambda d: [
+                    ops.PutFH(src_file.node.fh), ops.SaveFH(), ops.PutFH(dst_file.node.fh),
+                    ops.Copy(stateid, d, src_offset, dst_offset, count, False, sources)], retry_delay=False)
+                copy = res[-1]
+                result = copy.result if copy.callback is None else await self._await_offload(dst_file, copy.callback)
+            except NFSError as e:
+                await self._pull_failed(e, source, dst_file, attempt)
+                continue
+            if result is None:
+                log.warning("NFS server %s ended a copy without telling how; no more inter-server copies",
+                            self.settings.host)
+                self.client.async_copies = False
+                raise NotSupported("inter-server COPY: outcome unknown")
+            if await self._committed(dst_file, dst_offset, result):
+                return result.count
+            log.warning("NFS server %s restarted during a copy; copying again", self.settings.host)
+        raise NotSupported("inter-server COPY: the server keeps failing")
+
+    async def _pull_failed(self, e, source, dst_file, attempt):
+        """Sort a failed inter-server COPY: NotSupported (remembered where it will not change),
+        a return to try again, or the error itself."""
+        what = f"inter-server COPY from {source[0]} to {self.settings.host}"
+        if e.status == errors.NOTSUPP:
+            log.info("NFS server %s does not copy from other servers", self.settings.host)
+            self.client.pulls = False
+            raise NotSupported(f"{what}: not supported") from None
+        if e.status in FOREIGN_FH_REFUSED and e.op == "PutFH":
+            await self.getattr(dst_file.node)  # our own filehandle gone stale: that error, not this
+            log.info("NFS server %s takes no other server's filehandles: no inter-server copies", self.settings.host)
+            self.client.pulls = False
+            raise NotSupported(f"{what}: the source's filehandle refused") from None
+        if e.status in PULL_REFUSED:
+            log.warning("%s refused (%s); such copies stream from now on", what, e.strerror)
+            self.client.refused_sources.add(source)
+            raise NotSupported(f"{what}: {e.strerror}") from None
+        if e.status in COPY_UNSUPPORTED:
+            raise NotSupported(f"{what}: {e.strerror}") from None
+        if e.status == errors.DELAY:  # Linux nfsd: too many copies in flight
+            await trio.sleep(0.1 * (attempt + 1))
+            return
+        raise e
 
     async def _committed(self, file, offset, result):
         """COMMIT what a copy wrote unstably; False if the server lost it (the write verifier changed)."""

@@ -5,6 +5,7 @@ status is NFS4_OK (``decode_error`` for the few that carry a body on error).
 Compound and callback framing live in compound.py; limits on everything the
 server sends live here, next to the field they bound.
 """
+import ipaddress
 from dataclasses import dataclass, field
 
 from . import attrs, errors
@@ -25,7 +26,7 @@ OP_READ, OP_READDIR, OP_READLINK, OP_REMOVE, OP_RENAME = 25, 26, 27, 28, 29
 OP_RESTOREFH, OP_SAVEFH, OP_SETATTR, OP_WRITE = 31, 32, 34, 38
 OP_BIND_CONN_TO_SESSION, OP_EXCHANGE_ID, OP_CREATE_SESSION, OP_DESTROY_SESSION = 41, 42, 43, 44
 OP_SEQUENCE, OP_DESTROY_CLIENTID, OP_RECLAIM_COMPLETE = 53, 57, 58
-OP_ALLOCATE, OP_COPY, OP_DEALLOCATE = 59, 60, 62
+OP_ALLOCATE, OP_COPY, OP_COPY_NOTIFY, OP_DEALLOCATE = 59, 60, 61, 62
 OP_OFFLOAD_CANCEL, OP_OFFLOAD_STATUS, OP_READ_PLUS, OP_SEEK, OP_CLONE = 66, 67, 68, 69, 71
 OP_GETXATTR, OP_SETXATTR, OP_LISTXATTRS, OP_REMOVEXATTR = 72, 73, 74, 75  # RFC 8276
 
@@ -38,6 +39,8 @@ UNCHECKED4, GUARDED4 = 0, 1
 CLAIM_NULL, CLAIM_FH = 0, 4
 DELEG_NONE, DELEG_READ, DELEG_WRITE, DELEG_NONE_EXT = 0, 1, 2, 3
 NFS4_CONTENT_DATA, NFS4_CONTENT_HOLE = 0, 1
+NL4_NAME, NL4_URL, NL4_NETADDR = 1, 2, 3
+MAX_SOURCE_SERVERS = 16
 
 CDFC4_FORE_OR_BOTH = 3
 CREATE_SESSION_CONN_BACK_CHAN = 2
@@ -453,6 +456,38 @@ def write_response(u):
 
 
 @dataclass
+class NetLoc:
+    """netloc4: where one server of an inter-server copy is.  ``value`` is a name or URL
+    (str), or for NL4_NETADDR a (netid, universal address) pair: ("tcp", "10.0.0.1.8.1")."""
+    kind: int
+    value: object
+
+    @classmethod
+    def address(cls, host, port):
+        """The NL4_NETADDR of an IP address and port (RFC 5665 universal address)."""
+        ip = ipaddress.ip_address(host)
+        netid = "tcp" if ip.version == 4 else "tcp6"
+        return cls(NL4_NETADDR, (netid, f"{ip.compressed}.{port >> 8}.{port & 0xFF}"))
+
+    def encode(self, p):
+        p.u32(self.kind)
+        if self.kind == NL4_NETADDR:
+            netid, uaddr = self.value
+            p.opaque(netid.encode())
+            p.opaque(uaddr.encode())
+        else:
+            p.opaque(self.value.encode())
+
+    @classmethod
+    def decode(cls, u):
+        kind = u.enum((NL4_NAME, NL4_URL, NL4_NETADDR), "netloc type")
+        if kind == NL4_NETADDR:
+            netid = u.opaque(OPAQUE_LIMIT, "netid").decode(errors="replace")
+            return cls(kind, (netid, u.opaque(OPAQUE_LIMIT, "universal address").decode(errors="replace")))
+        return cls(kind, u.opaque(OPAQUE_LIMIT, "server name").decode(errors="replace"))
+
+
+@dataclass
 class CopyResult:
     callback: bytes | None  # the copy's stateid when it runs asynchronously
     result: WriteResult
@@ -461,13 +496,18 @@ class CopyResult:
 
 @dataclass
 class Copy(Op):
-    """COPY from the saved filehandle to the current one, within this server."""
+    """COPY from the saved filehandle to the current one.
+
+    With ``sources`` (where the source server is) it is an inter-server copy: the saved
+    filehandle and ``src_stateid`` are the source server's, the latter from its COPY_NOTIFY.
+    """
     src_stateid: bytes
     dst_stateid: bytes
     src_offset: int
     dst_offset: int
     count: int
     synchronous: bool
+    sources: list = field(default_factory=list)  # NetLoc
     num = OP_COPY
 
     def encode(self, p):
@@ -478,7 +518,9 @@ class Copy(Op):
         p.u64(self.count)
         p.bool(True)  # consecutive: a short count is a prefix
         p.bool(self.synchronous)
-        p.u32(0)  # no source server: intra-server copy
+        p.u32(len(self.sources))
+        for source in self.sources:
+            source.encode(p)
 
     def decode(self, u):
         callback, result = write_response(u)
@@ -490,6 +532,32 @@ class Copy(Op):
             u.bool()
             return u.bool()
         return None
+
+
+@dataclass
+class Notified:
+    stateid: bytes  # what the destination server reads the source file with
+    sources: list  # NetLoc: where the destination server reaches this one
+    lease: int  # seconds the destination has to start using the stateid
+
+
+@dataclass
+class CopyNotify(Op):
+    """COPY_NOTIFY to the source server: let ``destination`` (a NetLoc) read the current file."""
+    stateid: bytes
+    destination: NetLoc
+    num = OP_COPY_NOTIFY
+
+    def encode(self, p):
+        p.fixed(self.stateid, STATEID_SIZE)
+        self.destination.encode(p)
+
+    def decode(self, u):
+        lease = u.i64()
+        u.u32()  # nanoseconds
+        sid = stateid(u)
+        sources = [NetLoc.decode(u) for _ in range(u.count(MAX_SOURCE_SERVERS, 8, "source servers"))]
+        return Notified(sid, sources, lease)
 
 
 @dataclass

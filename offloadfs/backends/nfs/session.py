@@ -112,6 +112,9 @@ class Client:
         self.renewed = 0.0
         self.unsupported = set()  # NFSv4.2 operations this server answered NOTSUPP
         self.async_copies = True  # asynchronous COPY, while CB_OFFLOAD reaches us
+        self.pulls = True  # inter-server COPY into this server, until it answers NOTSUPP
+        self.refused_sources = set()  # (host, port) of servers it could not pull from
+        self.address = None  # (ip, port) we reach the server at: how COPY_NOTIFY names it
         self.offloads = {}  # copy stateid "other" -> _Offload
         self.users = 0
         self._verifier = os.urandom(8)
@@ -215,6 +218,7 @@ class Client:
             raise OSError(e.errno or errno.EHOSTUNREACH, f"cannot connect to {s.host}:{s.port}: "
                           f"{e.strerror or e}") from None
         stream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        self.address = stream.socket.getpeername()[:2]
         max_record = max(s.rsize, s.wsize) + RECORD_OVERHEAD
         conn = rpc.Connection(stream, self._on_call, max_record)
         self.spawn(conn.serve)

@@ -11,6 +11,10 @@ byte counters and optional tbf shaping, guests on the same bridge reach each
 other (inter-server copy), and destroying the namespace kills any qemu left.
 Addresses: the bridge takes the namespace's server address (.2), guests .3
 onwards.
+
+With ssc=True the guests run an nfsd built for inter-server copy (build.py)
+with inter_copy_offload_enable on, so one guest's nfsd can pull a file from
+another's with COPY_NOTIFY + COPY.
 """
 
 import contextlib
@@ -97,9 +101,10 @@ def make_bridge(ns, taps):
             ipr.link("set", index=ipr.link_lookup(ifname=tap)[0], master=bridge, state="up")
 
 
-def qemu_command(kernel, initramfs, addr, tap, image, console):
+def qemu_command(kernel, initramfs, addr, tap, image, console, settings):
+    """qemu's argv; settings (with SETTINGS) reach init.sh as lab.NAME=VALUE."""
     octets = ipaddress.ip_address(addr).packed
-    settings = {"addr": f"{addr}/24", **SETTINGS}
+    settings = {"addr": f"{addr}/24", **SETTINGS, **settings}
     append = " ".join(
         ["console=ttyS0", "quiet", "panic=-1"] + [f"lab.{key}={value}" for key, value in settings.items()]
     )
@@ -132,17 +137,18 @@ def wait_ready(guest):
 
 
 @contextlib.contextmanager
-def nfsd_lab(guests=1, rate=None, size=DEFAULT_SIZE, kernel=KERNEL):
+def nfsd_lab(guests=1, rate=None, size=DEFAULT_SIZE, kernel=KERNEL, ssc=False):
     """Yield an NfsdLab of `guests` booted nfsd guests in one namespace.
 
     Each exports a fresh sparse xfs image of `size` bytes (reflink on) as
     /export, read-write, no root squash. rate shapes the namespace's link
-    (tbf). kernel is the Debian linux-image package to boot. Every qemu, the
-    images, taps, bridge and namespace are gone on exit.
+    (tbf). kernel is the Debian linux-image package to boot. ssc: guests can
+    copy between each other (the first run builds nfsd, ~1.5 min). Every qemu,
+    the images, taps, bridge and namespace are gone on exit.
     """
     with contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="offloadfs-nfsd-", dir="/var/tmp")))
-        vmlinux, initramfs = guest_files(workdir, kernel)
+        vmlinux, initramfs = guest_files(workdir, kernel, ssc)
         ns = stack.enter_context(server_namespace(rate))
         taps = [f"labtap{i}" for i in range(guests)]
         make_bridge(ns, taps)
@@ -155,7 +161,8 @@ def nfsd_lab(guests=1, rate=None, size=DEFAULT_SIZE, kernel=KERNEL):
                 f.truncate(size)
             run_checked(*MKFS["xfs"], str(image))
             with open(workdir / f"{name}.out", "wb") as out:
-                command = qemu_command(vmlinux, initramfs, addr, tap, image, console)
+                settings = {"hostname": name, "inter_copy": "Y" if ssc else "N"}
+                command = qemu_command(vmlinux, initramfs, addr, tap, image, console, settings)
                 process = ns.popen(*command, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
             guest = NfsdGuest(name, addr, PORT, EXPORT, image, console, process)
             stack.callback(guest.stop)

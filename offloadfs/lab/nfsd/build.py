@@ -7,13 +7,22 @@ kernel package's vmlinuz and the few modules nfsd, xfs and virtio need, and
 busybox-static. What takes time (download and unpacking, ~15 s) is cached
 under CACHE, one directory per package version; the initramfs itself is
 assembled for each lab in a few ms, so editing init.sh costs no rebuild.
+
+Inter-server copy (ssc) needs an nfsd that Debian does not ship: one built
+with CONFIG_NFSD_V4_2_INTER_SSC, compiled here from the kernel's own source
+package against its headers (~70 s on two cores, cached like the rest; it
+needs gcc and make), plus the NFS client modules that nfsd mounts the source
+server with.
 """
 
 import fcntl
 import hashlib
 import lzma
+import os
 import re
+import shutil
 import subprocess
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -24,6 +33,11 @@ INIT = Path(__file__).with_name("init.sh")
 # crc32c_generic is named because libcrc32c asks the crypto API for "crc32c"
 # when it loads, and there is no modprobe in the guest to load it on demand.
 MODULES = ("crc32c_generic", "nfsd", "xfs", "virtio_pci", "virtio_blk", "virtio_net")
+# An inter-server COPY makes the destination's nfsd mount the source server
+# with the kernel's NFS client (vers=4.2, by address): no modprobe in the guest
+# to load it on demand.
+SSC_MODULES = ("nfsv4",)
+SSC_DEFINE = "CONFIG_NFSD_V4_2_INTER_SSC"
 XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
@@ -111,22 +125,86 @@ def cached(key, make):
     return target
 
 
-def kernel_dir(kernel):
-    """Cached vmlinux and modules/ (the closure of MODULES, with its load order)."""
+def kernel_dir(kernel, ssc=False):
+    """Cached vmlinux and modules/ (the closure of MODULES, with its load order);
+    with ssc, also the NFS client and an nfsd that can copy between servers."""
     name, version = resolve(kernel)
+    wanted = MODULES + SSC_MODULES if ssc else MODULES
+    nfsd = ssc_nfsd(name, version) if ssc else None  # outside make: cached()'s lock is not re-entrant
 
     def make(out, root):
         fetch(name, version, root)
         (vmlinuz,) = (root / "boot").glob("vmlinuz-*")
         (out / "vmlinux").write_bytes(vmlinux(vmlinuz))
         (out / "modules").mkdir()
-        modules = module_order(next((root / "lib/modules").glob("*/kernel")), MODULES)
+        modules = module_order(next((root / "lib/modules").glob("*/kernel")), wanted)
         for ko in modules:
-            (out / "modules" / ko.name).write_bytes(ko.read_bytes())
+            built = nfsd if nfsd and ko.name == "nfsd.ko" else ko
+            (out / "modules" / ko.name).write_bytes(built.read_bytes())
         (out / "modules/order").write_text("".join(f"{ko.name}\n" for ko in modules))
 
-    digest = hashlib.sha256(repr(MODULES).encode()).hexdigest()[:8]
+    digest = hashlib.sha256((repr(wanted) + (" ssc" if ssc else "")).encode()).hexdigest()[:8]
     return cached(f"{name}_{version}_{digest}", make)
+
+
+def depends(package, version):
+    """Names of the packages package=version depends on."""
+    show = run("apt-cache", "show", f"{package}={version}")
+    line = re.search(r"^Depends: (.*)$", show, re.M)
+    return [d.split()[0] for d in line.group(1).split(", ")] if line else []
+
+
+def ssc_nfsd(name, version):
+    """nfsd.ko for linux-image `name`=`version`, built with CONFIG_NFSD_V4_2_INTER_SSC (cached).
+
+    Built as an external module from fs/nfsd of the same version's
+    linux-source, against linux-headers (its Module.symvers carries the
+    kernel's symbol versions, so the module loads) with the option defined
+    on the compiler's command line: nothing outside nfsd depends on it. The
+    headers package includes its common half by absolute path, so that line
+    is pointed at the unpacked copy.
+    """
+    release = name.removeprefix("linux-image-")
+    headers = f"linux-headers-{release}"
+    needed = depends(headers, version)
+    kbuild = next(d for d in needed if d.startswith("linux-kbuild-"))
+    source = "linux-source-" + kbuild.removeprefix("linux-kbuild-")
+    # linux-compiler-gcc-12-x86: the compiler the kernel was built with, which kbuild calls by name.
+    compiler = next((m.group(1) for d in needed if (m := re.match(r"linux-compiler-(gcc-\d+)", d))), "gcc")
+    missing = [tool for tool in (compiler, "make", "strip") if not shutil.which(tool)]
+    if missing:
+        raise RuntimeError(f"building nfsd for inter-server copy needs {', '.join(missing)} "
+                           f"(apt-get install {compiler} make binutils)")
+
+    def make(out, root):
+        for package in [headers, source] + [d for d in needed if d.startswith(("linux-headers-", "linux-kbuild-"))]:
+            fetch(package, version, root)
+        tree = root / "usr/src" / headers
+        makefile = tree / "Makefile"
+        makefile.write_text(makefile.read_text().replace("include /usr/src/", f"include {root}/usr/src/"))
+        build = root / "build"
+        unpack_nfsd(next((root / "usr/src").glob(f"{source}.tar.*")), build)
+        run("make", "-C", str(tree), f"M={build}/fs/nfsd", f"KCFLAGS=-D{SSC_DEFINE}",
+            f"-j{os.cpu_count() or 1}", "modules")
+        # Debug info is 90% of the module, and the guest holds its initramfs in RAM.
+        run("strip", "--strip-debug", "-o", str(out / "nfsd.ko"), str(build / "fs/nfsd/nfsd.ko"))
+
+    return cached(f"nfsd-ssc_{release}_{version}", make) / "nfsd.ko"
+
+
+def unpack_nfsd(tarball, dest):
+    """fs/nfsd and the one header it takes from fs/ out of the kernel source tarball, under dest/fs.
+
+    Read as a stream: the tarball is ~140 MB of xz, and only 54 of its files are needed.
+    """
+    with tarfile.open(tarball, "r|*") as tar:
+        for member in tar:
+            path = member.name.split("/", 1)[-1]
+            wanted = path.startswith("fs/nfsd/") or path == "fs/internal.h"
+            if member.isfile() and wanted and ".." not in path.split("/"):
+                target = dest / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(tar.extractfile(member).read())
 
 
 def busybox_path():
@@ -161,10 +239,11 @@ def initramfs(busybox, modules):
     return b"".join(parts)
 
 
-def guest_files(workdir, kernel=KERNEL):
-    """(vmlinux, initramfs) paths to boot `kernel` (a linux-image package);
-    the initramfs is written into workdir, the rest comes from the cache."""
-    kernel = kernel_dir(kernel)
+def guest_files(workdir, kernel=KERNEL, ssc=False):
+    """(vmlinux, initramfs) paths to boot `kernel` (a linux-image package),
+    with ssc able to copy between servers; the initramfs is written into
+    workdir, the rest comes from the cache."""
+    kernel = kernel_dir(kernel, ssc)
     image = Path(workdir, "initramfs.cpio")
     image.write_bytes(initramfs(busybox_path(), kernel / "modules"))
     return kernel / "vmlinux", image

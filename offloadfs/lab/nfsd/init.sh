@@ -28,6 +28,12 @@ done
 for ko in $(cat /lib/modules/order); do
     insmod /lib/modules/$ko || fail "insmod $ko"
 done
+# Where nfsd was built for inter-server copy: it then mounts the source server
+# with the NFS client, whose client ID is made from the host name.
+if [ "$inter_copy" = Y ]; then
+    echo Y > /sys/module/nfsd/parameters/inter_copy_offload_enable || fail "inter_copy_offload_enable"
+fi
+hostname "$hostname"
 
 ip link set lo up
 ip addr add "$addr" dev eth0 || fail "address $addr"
