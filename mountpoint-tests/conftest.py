@@ -90,20 +90,37 @@ def smb():
 
 
 @pytest.fixture
-def mount_on(request, mount, backing):
-    """Factory: mount_on(where, options) -> Mount of a fresh directory at
-    `where` ("local-ext4", "smb-btrfs", ...); mnt.backing is that directory
-    as the machine holding it sees it."""
+def mount_on(request, backing):
+    """Factory: mount_on(where or {name: where}, options) -> Mount of fresh
+    directories; mnt.backing is each as the machine holding it sees it.
+
+    where is "local-KIND" (a loop filesystem of that kind), "smb-KIND" (the
+    lab's share on one) or "smb2-KIND" (the same on the lab's second server).
+    """
     with ExitStack() as stack:
 
-        def make(where, options=()):
-            place, kind = where.split("-", 1)
-            if place == "local":
-                return mount(backing(kind), options)
-            lab = request.getfixturevalue("smb")
-            url, path = lab.fresh_dir(kind)
+        def place(where):
+            """(source, backing path) of a fresh directory at `where`."""
+            host, kind = where.split("-", 1)
+            if host == "local":
+                path = backing(kind)
+                return str(path), path
+            url, path = request.getfixturevalue("smb").fresh_dir(kind, server=1 if host == "smb2" else 0)
             stack.callback(shutil.rmtree, path, ignore_errors=True)
-            mountpoint = stack.enter_context(offloadfs_mount(url, options=[*lab.options(), *options]))
-            return Mount(mountpoint, path, smbkit.CANNOT, smbkit.TIME_STEP_NS)
+            return url, path
+
+        def make(where, options=()):
+            if isinstance(where, str):
+                source, path = place(where)
+            else:
+                made = {name: place(w) for name, w in where.items()}
+                source = {name: src for name, (src, _) in made.items()}
+                path = {name: p for name, (_, p) in made.items()}
+            wheres = [where] if isinstance(where, str) else where.values()
+            if not any(w.startswith("smb") for w in wheres):
+                return Mount(stack.enter_context(offloadfs_mount(source, options=options)), path)
+            lab = request.getfixturevalue("smb")
+            mountpoint = stack.enter_context(offloadfs_mount(source, options=[*options, *lab.options()]))
+            return Mount(mountpoint, path, smbkit.CANNOT, smbkit.TIME_STEP_NS, lab.wait_closed)
 
         yield make

@@ -20,13 +20,15 @@ class Mount:
 
     `cannot` maps what the backend cannot store ("symlink", "chmod", ...) to
     the reason, so a test that needs it is skipped, and says why;
-    `time_step_ns` is the resolution of the timestamps it stores.
+    `time_step_ns` is the resolution of the timestamps it stores;
+    `wait_closed(path)`, where given, returns once the store closed a file.
     """
 
     path: Path
     backing: object
     cannot: dict = field(default_factory=dict)
     time_step_ns: int = 1
+    wait_closed: object = None
 
     def need(self, *what):
         """Skip the test unless the mount can do all of `what`."""
@@ -46,6 +48,12 @@ class Mount:
 
     def counters(self):
         return self.status()["counters"]
+
+    def settle(self, path):
+        """Return once the store behind the mount has closed backing file
+        `path`: the kernel sends a close to the daemon without waiting."""
+        if self.wait_closed:
+            self.wait_closed(path)
 
 
 def sh(*cmd, **kwargs):

@@ -30,6 +30,13 @@ def tree(mnt, root):
     make_tree(root, modes=mnt.can("chmod"), symlink=mnt.can("symlink"))
 
 
+def smb_bug(request, reason):
+    """Mark the SMB runs of this test as failing for a known SMB backend bug;
+    strict, so the fix shows as a failure until the mark goes."""
+    if request.node.callspec.params["mnt"].startswith("smb"):
+        request.applymarker(pytest.mark.xfail(strict=True, reason=f"SMB backend bug: {reason}"))
+
+
 def test_cp_is_one_copy_request(mnt):
     digest = write_file(mnt.path / "a", 5 * MiB + 3)
     sh("cp", mnt.path / "a", mnt.path / "b")
@@ -45,13 +52,10 @@ def test_cp_a_preserves_tree_and_metadata(mnt):
     src = mnt.path / "src"
     src.mkdir()
     tree(mnt, src)
-    os.utime(src / "a", ns=(1_500_000_000_123_456_789, 1_600_000_000_987_654_321))
     os.setxattr(src / "a", "user.note", b"kept")
     sh("cp", "-a", src, mnt.path / "dst")
     assert tree_digest(mnt.path / "dst") == tree_digest(src)
     assert tree_digest(mnt.backing / "dst") == tree_digest(mnt.backing / "src")
-    st = os.stat(mnt.path / "dst" / "a")
-    assert st.st_mtime_ns == mnt.stored_ns(1_600_000_000_987_654_321)
     assert os.getxattr(mnt.path / "dst" / "a", "user.note") == b"kept"
 
 
@@ -64,6 +68,25 @@ def test_cp_a_preserves_modes_and_symlinks(mnt):
     assert tree_digest(mnt.backing / "dst") == tree_digest(mnt.backing / "src")
     assert stat.S_IMODE(os.stat(mnt.backing / "dst" / "a").st_mode) == 0o600
     assert os.readlink(mnt.backing / "dst" / "link") == "d1/b"
+
+
+def test_cp_p_preserves_times(mnt, request, tmp_path):
+    """cp -p sets the times while the copy is still open; they must outlast its close.
+
+    From outside the mount the data arrives as writes, inside as a copy
+    request. Only mtime is checked: reading a file may update its atime.
+    """
+    smb_bug(request, "times set on a file open for writing go through a handle of their own, and Samba's "
+                     "write-time update at the writing handle's close overrides them")
+    atime, mtime = 1_500_000_000_123_456_789, 1_600_000_000_987_654_321
+    write_file(tmp_path / "a", 100_000)
+    os.utime(tmp_path / "a", ns=(atime, mtime))
+    sh("cp", "-p", tmp_path / "a", mnt.path / "a")
+    sh("cp", "-p", mnt.path / "a", mnt.path / "b")
+    for name in ("a", "b"):
+        mnt.settle(mnt.backing / name)
+        for path in (mnt.backing / name, mnt.path / name):
+            assert os.stat(path).st_mtime_ns == mnt.stored_ns(mtime), path
 
 
 def test_cat_redirect(mnt):
@@ -88,7 +111,7 @@ def test_rsync_a(mnt, tmp_path):
     sh("rsync", "-a", f"{mnt.path}/in/", f"{mnt.path}/again/")
     assert tree_digest(mnt.path / "again", modes) == tree_digest(tmp_path, modes)
     for name in ("a", "d1/b"):
-        assert os.stat(mnt.path / "again" / name).st_mtime == os.stat(tmp_path / name).st_mtime
+        assert os.stat(mnt.path / "again" / name).st_mtime_ns == mnt.stored_ns(os.stat(tmp_path / name).st_mtime_ns)
 
 
 def test_mv_within_and_across(mnt, tmp_path):
@@ -127,6 +150,16 @@ def test_hard_links(mnt):
         f.write(b"changed")
     assert (mnt.path / "a").read_bytes()[:7] == b"changed"
     assert sha256(mnt.backing / "a") == sha256(mnt.backing / "hard") != digest
+
+
+def test_hard_link_outlives_the_first_name(mnt, request):
+    smb_bug(request, "the filesystem keeps one node per file id, and an SMB node holds one path (the first "
+                     "name's); once that name is removed the file cannot be opened by its other name")
+    digest = write_file(mnt.path / "a", 10_000)
+    sh("ln", mnt.path / "a", mnt.path / "b")
+    os.unlink(mnt.path / "a")
+    assert sha256(mnt.path / "b") == digest
+    assert os.stat(mnt.backing / "b").st_nlink == 1
 
 
 def test_symbolic_links(mnt):

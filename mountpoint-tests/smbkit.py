@@ -1,0 +1,80 @@
+"""SMB shares from the Samba lab as places for the mountpoint tests.
+
+One lab serves the whole session: two servers, each with a btrfs (vfs_btrfs),
+an xfs and an ext4 share. A test gets a fresh directory in a share and both
+ways to reach it: the smb:// URL it mounts, and the server-side directory
+behind the share, where results are checked without going through SMB.
+"""
+
+import contextlib
+import json
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from offloadfs.lab.samba import samba_lab
+
+KINDS = ("btrfs", "xfs", "ext4")
+
+# What a mount of an SMB share cannot do (Samba 4.17 without unix
+# extensions), as the reason a test that needs it is skipped.
+CANNOT = {
+    "symlink": "SMB without unix extensions has no symlinks",
+    "mknod": "SMB without unix extensions has no device nodes or fifos",
+    "chmod": "SMB keeps only the read-only bit of a mode (file_mode=/dir_mode= set the rest)",
+    "chown": "SMB without unix extensions has no owners (chown is accepted and ignored)",
+}
+
+# SMB timestamps count 100 ns steps.
+TIME_STEP_NS = 100
+
+
+class SmbLab:
+    """A running samba_lab and a credentials file for its user."""
+
+    def __init__(self, lab, credentials):
+        self.lab = lab
+        self.credentials = credentials
+
+    def options(self):
+        """Mount options every mount of a lab share needs."""
+        return [f"credentials={self.credentials}"]
+
+    def url(self, kind, name="", server=0):
+        """smb:// URL of directory `name` in share `kind` of lab server `server`."""
+        s = self.lab.servers[server]
+        return f"smb://{s.username}@{s.host}/{kind}/{name}".rstrip("/")
+
+    def fresh_dir(self, kind, server=0):
+        """(URL, server-side path) of a new empty directory in share `kind`."""
+        name = f"t-{uuid.uuid4().hex[:10]}"
+        path = self.lab.servers[server].shares[kind].path / name
+        path.mkdir()
+        return self.url(kind, name, server), path
+
+    def wait_closed(self, path, timeout=30):
+        """Return once no lab server holds `path` (server side) open."""
+        deadline = time.monotonic() + timeout
+        while any(str(path) in self.open_files(s) for s in self.lab.servers):
+            assert time.monotonic() < deadline, f"{path} still open on the server after {timeout} s"
+            time.sleep(0.02)
+
+    @staticmethod
+    def open_files(server):
+        """Server-side paths `server` has open, as smbstatus lists them."""
+        out = subprocess.run(["smbstatus", "-s", server.conf, "-L", "-j"], capture_output=True, text=True,
+                             check=True).stdout
+        return json.loads(out).get("open_files", {})
+
+
+@contextlib.contextmanager
+def smb_lab(servers=2, kinds=KINDS, rate=None):
+    """Yield an SmbLab; smbds, namespaces, loop filesystems and the
+    credentials file are gone on exit."""
+    with samba_lab(kinds, rate=rate, servers=servers) as lab, tempfile.TemporaryDirectory() as tmp:
+        credentials = Path(tmp, "credentials")
+        credentials.write_text(f"username={lab.server.username}\npassword={lab.server.password}\n")
+        credentials.chmod(0o600)
+        yield SmbLab(lab, credentials)

@@ -1,0 +1,158 @@
+"""offloadfs on real Samba shares in the lab: what only SMB can show.
+
+The everyday tools and the model test run on SMB shares too (test_mp_tools,
+test_mp_model). Here: a cp inside a share must be done by the server (the
+counters say how, the extents on the server's filesystem and the bytes on the
+client's link prove it), copies across shares and servers must come out
+right, a server that dies mid-copy must never leave a cp that reports success
+over wrong data, and a wrong password must fail the mount cleanly.
+"""
+
+import errno
+import os
+import re
+import shutil
+import stat
+import subprocess
+import time
+
+import pytest
+from mpkit import MiB, sh, sha256, write_file
+from smbkit import smb_lab
+
+from offloadfs.lab.mount import offloadfs_cli, offloadfs_mount, status
+
+pytestmark = pytest.mark.skipif(shutil.which("smbd") is None,
+                                reason="smbd is not installed (apt-get install samba samba-vfs-modules)")
+
+SIZE = 256 * MiB
+EXTENT = re.compile(r"^\s*\d+:\s")
+
+
+def extent_flags(path):
+    """Flags of each extent of `path` as filefrag -v reports them."""
+    lines = [ln for ln in sh("filefrag", "-v", path).splitlines() if EXTENT.match(ln)]
+    return [ln.rsplit(":", 1)[1].strip() for ln in lines]
+
+
+def wire_bytes(net, before):
+    now = net.counters()
+    return now.rx - before.rx + now.tx - before.tx
+
+
+@pytest.mark.parametrize("kind,method", [("btrfs", "clone"), ("xfs", "server_copy"), ("ext4", "server_copy")])
+def test_cp_in_a_share_is_done_by_the_server(kind, method, smb, mount_on):
+    mnt = mount_on(f"smb-{kind}")
+    digest = write_file(mnt.backing / "big", SIZE)
+    os.sync()
+    net = smb.lab.server.net
+    before = net.counters()
+    sh("cp", mnt.path / "big", mnt.path / "copy")
+    wire = wire_bytes(net, before)
+    print(f"cp of {SIZE >> 20} MiB in the {kind} share: {wire} bytes on the client's link")
+    counters = mnt.counters()
+    assert counters["copy_bytes"].get(method) == SIZE, counters
+    assert wire < SIZE // 100 + 64 * 1024, f"{wire} bytes crossed the client's link"
+    assert sha256(mnt.backing / "copy") == digest
+    if kind != "ext4":
+        for name in ("big", "copy"):
+            flags = extent_flags(mnt.backing / name)
+            assert flags and all("shared" in f for f in flags), (name, flags)
+
+
+def test_copies_between_shares_and_servers(mount_on):
+    mnt = mount_on({"b": "smb-btrfs", "x": "smb-xfs", "e": "smb-ext4", "r": "smb2-ext4"})
+    assert sorted(os.listdir(mnt.path)) == ["b", "e", "r", "x"]
+    digest = write_file(mnt.backing["b"] / "f0", 24 * MiB + 5)
+    # Each hop copies what the one before wrote: every pair of kinds, both ways between servers.
+    route = ["b", "x", "e", "b", "r", "x", "r"]
+    for hop, (src, dst) in enumerate(zip(route, route[1:])):
+        sh("cp", mnt.path / src / f"f{hop}", mnt.path / dst / f"f{hop + 1}")
+        assert sha256(mnt.backing[dst] / f"f{hop + 1}") == digest, f"{src} -> {dst}"
+    counters = mnt.counters()
+    assert counters["copy_requests"] >= len(route) - 1, counters
+    assert counters["copy_errors"] == 0, counters
+    print(f"copies by method: {counters['copies']}")
+
+
+@pytest.mark.parametrize("options", [(), ("offload=off",)], ids=["server-copy", "stream"])
+def test_smbd_killed_mid_copy(options):
+    """cp fails or completes; if it says it completed, the data is right.
+
+    A lab of its own, as its smbd dies. ext4 makes the server copy the bytes
+    itself (about a second for 1 GiB), so the copy is still running when smbd
+    is killed. Once smbd is back the same mount works again.
+    """
+    with smb_lab(servers=1, kinds=("ext4",)) as lab:
+        server = lab.lab.server
+        share = server.shares["ext4"].path
+        digest = write_file(share / "big", 1 << 30)
+        with offloadfs_mount(lab.url("ext4"), options=[*lab.options(), *options]) as mnt:
+            cp = subprocess.Popen(["cp", mnt / "big", mnt / "copy"], stderr=subprocess.PIPE, text=True)
+            try:
+                wait_for_copy(mnt, cp)
+                server.kill()
+                _, err = cp.communicate(timeout=120)
+            finally:
+                if cp.poll() is None:
+                    cp.kill()
+                    cp.wait()
+            print(f"cp exit {cp.returncode}: {err.strip()}")
+            if cp.returncode == 0:
+                assert sha256(share / "copy") == digest, "cp reported success over wrong data"
+            else:
+                assert err.strip(), "cp failed without saying why"
+            server.start()
+            small = write_file(share / "small", MiB)
+            sh("cp", mnt / "small", mnt / "small-copy")
+            assert sha256(share / "small-copy") == small
+
+
+def wait_for_copy(mountpoint, cp):
+    """Return once the daemon reports the copy in flight."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert cp.poll() is None, "cp finished before smbd could be killed"
+        if status(mountpoint)["copies_in_flight"]:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the copy never showed in status")
+
+
+def test_wrong_password_fails_in_one_line(smb, tmp_path, monkeypatch):
+    server = smb.lab.server
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    monkeypatch.setenv("PASSWD", "not-the-password")
+    proc = offloadfs_cli("mount", f"smb://{server.username}@{server.host}/ext4", mnt)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "logon failure" in lines[0], proc.stderr
+    assert "not-the-password" not in proc.stdout + proc.stderr
+    assert not os.path.ismount(mnt)
+    assert os.listdir(mnt) == []
+
+
+def test_what_smb_cannot_store(mount_on):
+    """Refused with EOPNOTSUPP, or kept as far as SMB can: never half done."""
+    mnt = mount_on("smb-ext4")
+    for make in (lambda p: os.symlink("x", p), os.mkfifo,
+                 lambda p: os.mknod(p, stat.S_IFCHR | 0o600, os.makedev(1, 3))):
+        with pytest.raises(OSError) as err:
+            make(mnt.path / "odd")
+        assert err.value.errno == errno.EOPNOTSUPP
+        assert not (mnt.backing / "odd").exists()
+    f = mnt.path / "f"
+    f.write_bytes(b"data")
+    os.chown(f, 1234, 5678)
+    assert os.stat(f).st_uid == 0
+    os.chmod(f, 0o444)
+    assert stat.S_IMODE(os.stat(f).st_mode) == 0o555
+    with pytest.raises(PermissionError):
+        open(f, "r+b")
+    sh("cp", "-a", f, mnt.path / "g")
+    assert stat.S_IMODE(os.stat(mnt.path / "g").st_mode) == 0o555
+    os.chmod(f, 0o640)
+    assert stat.S_IMODE(os.stat(f).st_mode) == 0o755
+    sh("rm", "-f", f, mnt.path / "g")
+    assert os.listdir(mnt.backing) == []
