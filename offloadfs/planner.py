@@ -10,6 +10,7 @@ the next one takes over from the byte where the last stopped, so a copy is
 never handed back to the kernel (whose fallback is slower: 64 KiB writes
 through FUSE).
 """
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from .costs import CostModel
 from .backends.base import CloneRange, InterServerCopy, NotSupported, ServerCopy
 
 STREAM_CHUNK = 8 << 20
+STREAM_AHEAD = 2  # chunks read ahead of the writer
 # While streaming on a route is unmeasured, copies up to this size stream once to learn
 # its cost: being wrong about a small copy costs little.
 EXPLORE_LIMIT = 1 << 20
@@ -129,15 +131,42 @@ class Planner:
         return done
 
     async def _stream(self, src, off_in, dst, off_out, length, record):
+        """Our own copy: the next chunk is read while the last one is written, so on a network
+        backend both directions of the link stay busy."""
+        send, receive = trio.open_memory_channel(STREAM_AHEAD)
+
+        async def read_ahead():
+            async with send:
+                pos = 0
+                while pos < length:
+                    data = await src.backend.read(src.file, off_in + pos, min(STREAM_CHUNK, length - pos))
+                    if not data:
+                        break
+                    await send.send((pos, data))
+                    pos += len(data)
+
         done = 0
-        while done < length:
-            data = await src.backend.read(src.file, off_in + done, min(STREAM_CHUNK, length - done))
-            if not data:
-                break
-            written = 0
-            while written < len(data):
-                written += await dst.backend.write(dst.file, off_out + done + written, memoryview(data)[written:])
-            self.stats.moved(record, "stream", len(data), done == 0)
-            done += len(data)
-            await trio.lowlevel.checkpoint()  # an interrupt can land between chunks
+        with unwrap_single():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read_ahead)
+                async with receive:
+                    async for pos, data in receive:
+                        written = 0
+                        while written < len(data):
+                            written += await dst.backend.write(dst.file, off_out + pos + written,
+                                                               memoryview(data)[written:])
+                        self.stats.moved(record, "stream", len(data), done == 0)
+                        done += len(data)
+                        await trio.lowlevel.checkpoint()  # an interrupt can land between chunks
         return done
+
+
+@contextlib.contextmanager
+def unwrap_single():
+    """A nursery wraps a failure in an ExceptionGroup; callers expect the plain OSError."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
