@@ -20,16 +20,15 @@ import socket
 import struct
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from offloadfs.lab import Lab
 from offloadfs.lab.loopfs import loop_filesystem
 from offloadfs.lab.net import server_namespace
+from offloadfs.lab.server import ServerProcess
 
 PORT = 2049
 EXPORT = "/export"
-START_TIMEOUT = 10
 STOP_TIMEOUT = 5
 NFS_PROGRAM = 100003
 
@@ -94,8 +93,10 @@ def nfs_null(host, port=PORT, timeout=1.0):
     return (rxid, kind, stat, vlen, accept) == (xid, 1, 0, 0, 0)
 
 
-class GaneshaServer:
+class GaneshaServer(ServerProcess):
     """A running ganesha.nfsd exporting `path` (server side) as `export`."""
+
+    program = "ganesha.nfsd"
 
     def __init__(self, path, host, port, net, workdir):
         self.path = path
@@ -108,32 +109,11 @@ class GaneshaServer:
         self.log = workdir / "ganesha.log"
         self.process = None
 
-    def start(self):
-        if nfs_null(self.host, self.port, timeout=0.2):
-            raise RuntimeError(f"another NFS server already answers on {self.host}:{self.port}")
-        cmd = ["ganesha.nfsd", "-F", "-L", str(self.log), "-f", str(self.conf), "-p", str(self.workdir / "pid")]
-        with open(self.workdir / "ganesha.out", "ab") as out:
-            spawn = self.net.popen if self.net else lambda *cmd, **kw: subprocess.Popen(cmd, **kw)
-            self.process = spawn(*cmd, stdout=out, stderr=out, start_new_session=True)
-        self.wait_ready()
+    def command(self):
+        return ["ganesha.nfsd", "-F", "-L", str(self.log), "-f", str(self.conf), "-p", str(self.workdir / "pid")]
 
-    def wait_ready(self):
-        """Return once a NULL call from the client side is answered."""
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                self.fail(f"ganesha.nfsd exited with {self.process.returncode}")
-            if nfs_null(self.host, self.port, timeout=0.2):
-                return
-            time.sleep(0.01)
-        self.fail(f"ganesha.nfsd not answering on {self.host}:{self.port} after {START_TIMEOUT} s")
-
-    def fail(self, why):
-        self.stop()
-        tail = "".join(
-            path.read_text(errors="replace")[-6000:] for path in (self.workdir / "ganesha.out", self.log) if path.exists()
-        )
-        raise RuntimeError(f"{why}; end of its output and log:\n{tail}")
+    def answers(self):
+        return nfs_null(self.host, self.port, timeout=0.2)
 
     def signal(self, sig):
         """Send sig and wait for the process to end; False if it did not in time."""
@@ -159,10 +139,6 @@ class GaneshaServer:
             self.signal(signal.SIGKILL)
             self.process = None
 
-    def restart(self):
-        """Start again (after kill() or while running) with the same config."""
-        self.stop()
-        self.start()
 
 
 @contextlib.contextmanager

@@ -24,11 +24,11 @@ from pathlib import Path
 from offloadfs.lab import Lab
 from offloadfs.lab.loopfs import loop_filesystem
 from offloadfs.lab.net import server_namespace
+from offloadfs.lab.server import ServerProcess
 
 USER = "offloadfs-lab"
 PASSWORD = "offloadfs-lab-password"
 PORT = 445
-START_TIMEOUT = 10
 STOP_TIMEOUT = 5
 
 GLOBAL = """\
@@ -141,8 +141,10 @@ class Share:
     kind: str
 
 
-class SambaServer:
+class SambaServer(ServerProcess):
     """A running smbd; `shares` maps share name -> Share (server-side path)."""
+
+    program = "smbd"
 
     def __init__(self, shares, host, net, workdir):
         self.shares = shares
@@ -160,39 +162,14 @@ class SambaServer:
         """The share's \\\\host\\share path for SMB clients."""
         return f"\\\\{self.host}\\{share}"
 
-    def start(self):
-        if self.accepts():
-            raise RuntimeError(f"something else already listens on {self.host}:{self.port}")
-        cmd = ["smbd", "--foreground", "--no-process-group", "-s", str(self.conf)]
-        # smbd signals its whole process group when it exits: give it its own
-        # session so that it cannot take the caller with it.
-        with open(self.workdir / "smbd.out", "ab") as out:
-            spawn = self.net.popen if self.net else lambda *cmd, **kw: subprocess.Popen(cmd, **kw)
-            self.process = spawn(*cmd, stdout=out, stderr=out, start_new_session=True)
-        self.wait_ready()
+    def command(self):
+        return ["smbd", "--foreground", "--no-process-group", "-s", str(self.conf)]
 
-    def wait_ready(self):
-        """Return once smbd accepts TCP connections, from the client side."""
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                self.fail(f"smbd exited with {self.process.returncode}")
-            if self.accepts():
-                return
-            time.sleep(0.01)
-        self.fail(f"smbd not accepting on {self.host}:{self.port} after {START_TIMEOUT} s")
-
-    def accepts(self):
+    def answers(self):
+        """smbd accepts TCP connections, from the client side."""
         with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), timeout=0.2):
             return True
         return False
-
-    def fail(self, why):
-        self.stop()
-        tail = "".join(
-            path.read_text(errors="replace")[-6000:] for path in (self.workdir / "smbd.out", self.log) if path.exists()
-        )
-        raise RuntimeError(f"{why}; end of its output and log:\n{tail}")
 
     def stop(self):
         """SIGTERM every smbd process, SIGKILL whatever is left after a while."""
@@ -214,10 +191,6 @@ class SambaServer:
         self.process.wait()
         self.process = None
 
-    def restart(self):
-        """Start again (after kill() or while running), same config and passwords."""
-        self.stop()
-        self.start()
 
 
 def write_config(workdir, host, shares):
