@@ -138,6 +138,25 @@ async def test_setattr(connect):
         await b.setattr(node, uid=1234, gid=1234)  # accepted and ignored, as by mount.cifs
 
 
+async def test_times_set_while_open_for_writing_outlast_the_close(connect):
+    """The kernel sends utimes without a handle; in Samba the close of a handle that wrote
+    would stamp the close time over a time set through any other handle."""
+    async with connect() as (b, d, path):
+        mtime = 1_600_000_000_987_654_300
+        node, _, f = await b.create(d, b"f", CREATE, 0o644, OWNER)
+        g = await b.open(node, os.O_WRONLY)
+        r = await b.open(node, os.O_RDONLY)
+        assert node.writers == [f, g]
+        await b.write(f, 0, b"x" * 1000)
+        await b.write(g, 0, b"y")  # two handles that wrote: each one's close would stamp
+        assert (await b.setattr(node, atime_ns=mtime, mtime_ns=mtime)).mtime_ns == mtime
+        await b.write(f, 1000, b"z")
+        for h in (f, g, r):
+            await b.release(h)
+        assert node.writers == []
+        assert os.stat(path / "f").st_mtime_ns == mtime
+
+
 async def test_rename_moves_nodes_below(connect):
     async with connect() as (b, d, path):
         a, _ = await b.mkdir(d, b"a", 0o755, OWNER)
@@ -233,6 +252,35 @@ async def test_hard_links_statfs_and_no_symlinks(connect):
         with pytest.raises(OSError) as e:
             await b.symlink(d, b"l", b"f", OWNER)
         assert e.value.errno == errno.EOPNOTSUPP
+
+
+async def test_a_node_goes_on_by_its_other_names(connect):
+    """The filesystem keeps one node per file id, so a hard link or a rename by another
+    client must not leave that node on a name that is gone."""
+    async with connect() as (b, d, path):
+        f = await make_file(b, d, b"a", b"linked")
+        node, _ = await b.link(f, d, b"b")
+        assert node is f
+        await b.unlink(d, b"a")
+        assert f.path == f"{d.path}\\b"
+        h = await b.open(f, RW)
+        assert bytes(await b.read(h, 0, 100)) == b"linked"
+        await b.release(h)
+        (path / "b").rename(path / "c")  # another client
+        with pytest.raises(FileNotFoundError):
+            await b.getattr(f)
+        node, _ = await b.lookup(d, b"c")
+        assert node is f and (await b.getattr(f)).size == 6
+        await b.link(f, d, b"d")
+        await b.unlink(d, b"d")
+        assert f.path == f"{d.path}\\c"
+        await b.unlink(d, b"c")
+        with pytest.raises(FileNotFoundError):  # gone by every name (b went on the server)
+            await b.open(f, RW)
+        await b.link(await make_file(b, d, b"e", b""), d, b"g")
+        e, _ = await b.lookup(d, b"e")
+        b.forget(e)  # every name goes
+        assert e not in b.nodes.values() and e not in b.by_id.values()
 
 
 async def test_xattrs_are_user_eas(connect):

@@ -1,10 +1,13 @@
 """The SMB backend: one share (or a directory in it) on an SMB 2/3 server.
 
-SMB names files by path, so a node is a small mutable object holding its
+SMB names files by path, so a node is a small mutable object holding a
 path in the share; the backend keeps path -> node so that a rename can move
 the renamed node and everything below it (the filesystem keeps node objects
-across renames).  Inode numbers are the server's file ids.  Most operations
-are one related compound (open + work + close) and so one round trip.
+across renames).  Inode numbers are the server's file ids, and the filesystem
+keeps one node per file id, so the backend does too: a node remembers every
+name it was seen under (hard links, a rename by another client) and goes on
+by another when one goes.  Most operations are one related compound (open +
+work + close) and so one round trip.
 
 Without unix extensions (Samba 4.17 offers SMB3 ones only in developer
 builds) there are no symlinks, device nodes, owners or modes: modes come from
@@ -33,13 +36,20 @@ BAD_NAME_CHARS = frozenset('\\:*?"<>|')  # a path separator, a stream name, wild
 
 
 class Node:
-    """A file or directory by its path in the share; ``path`` is None once it was removed through us."""
-    __slots__ = ("path", "ino", "is_dir")
+    """A file or directory by its path in the share.
+
+    ``paths``: every name it is known by, the last seen last (a dict for its
+    order); ``path`` the one in use (None once all were removed through us).  ``writers``: its open writable handles,
+    which times must be set through (see setattr).
+    """
+    __slots__ = ("path", "paths", "ino", "is_dir", "writers")
 
     def __init__(self, path, ino, is_dir):
         self.path = path
+        self.paths = {path: None}
         self.ino = ino
         self.is_dir = is_dir
+        self.writers = []
 
 
 class File:
@@ -66,6 +76,7 @@ class SMBBackend(Capabilities, Backend):
         self.share = self.target.share
         self.client = None
         self.nodes = {}  # path -> Node, for every node the filesystem holds
+        self.by_id = {}  # file id -> Node, the same nodes
         self.can_clone = False
         self.namelen = 255
         self.copy_limits = CopyLimits()
@@ -123,25 +134,43 @@ class SMBBackend(Capabilities, Backend):
                     blksize=1 << 20, atime_ns=a.atime_ns, mtime_ns=a.mtime_ns, ctime_ns=a.ctime_ns)
 
     def _node(self, path, a: info.Attributes):
-        """The node for ``path``: the one already known unless the path now names another file."""
-        node = self.nodes.get(path)
-        if node is None or node.ino != a.file_id:
-            node = self.nodes[path] = Node(path, a.file_id, a.is_dir)
+        """The node of file ``a``, now going by ``path``, the name it was just found under."""
+        old = self.nodes.get(path)
+        if old is not None and old.ino != a.file_id:
+            self._unname(old, path)  # the path now names another file
+        node = self.by_id.get(a.file_id)
+        if node is None:
+            node = self.by_id[a.file_id] = Node(path, a.file_id, a.is_dir)
+        node.path = path
+        node.paths.pop(path, None)
+        node.paths[path] = None
+        self.nodes[path] = node
         return node
 
+    @staticmethod
+    def _unname(node, path):
+        """``path`` no longer names ``node``: it goes on by the name last seen, if it has another."""
+        node.paths.pop(path, None)
+        if node.path == path:
+            node.path = next(reversed(node.paths), None)
+
     def _removed(self, path):
-        """``path`` and everything below it no longer exist: their nodes go stale."""
+        """``path`` and everything below it no longer exist."""
         prefix = path + "\\"
         for p in [p for p in self.nodes if p == path or p.startswith(prefix)]:
-            self.nodes.pop(p).path = None
+            self._unname(self.nodes.pop(p), p)
 
     def _moved(self, old, new):
         self._removed(new)
         prefix = old + "\\"
         for p in [p for p in self.nodes if p == old or p.startswith(prefix)]:
             node = self.nodes.pop(p)
-            node.path = new + p[len(old):]
-            self.nodes[node.path] = node
+            moved = new + p[len(old):]
+            del node.paths[p]
+            node.paths[moved] = None
+            if node.path == p:
+                node.path = moved
+            self.nodes[moved] = node
 
     async def _stat_path(self, path):
         _, body, _ = await self._call([m.create(path, m.READ_ATTRIBUTES), _query_all(), m.close()], path)
@@ -196,8 +225,11 @@ class SMBBackend(Capabilities, Backend):
         return a if trio.current_time() < expiry else None
 
     def forget(self, node):
-        if node.path is not None and self.nodes.get(node.path) is node:
-            del self.nodes[node.path]
+        for p in node.paths:
+            if self.nodes.get(p) is node:
+                del self.nodes[p]
+        if self.by_id.get(node.ino) is node:
+            del self.by_id[node.ino]
 
     async def getattr(self, node, file=None):
         if file is not None:
@@ -213,7 +245,15 @@ class SMBBackend(Capabilities, Backend):
 
     async def setattr(self, node, file=None, *, mode=None, uid=None, gid=None, size=None,
                       atime_ns=None, mtime_ns=None):
+        """Through ``file``, else through every writable handle of the node, else a handle of its own.
+
+        The kernel sends utimes without a handle (cp -p sets times before it
+        closes the copy), and in Samba the close of a handle that wrote stamps
+        the close time over any time not set through that very handle.  So,
+        as the Linux cifs client does, changes go through the writable handles.
+        """
         self._listed.clear()
+        files = [file] if file is not None else list(node.writers)
         # uid/gid: SMB without unix extensions has no owners to change (mount.cifs ignores them too).
         changes = []
         if size is not None:
@@ -221,17 +261,18 @@ class SMBBackend(Capabilities, Backend):
         attributes = 0
         if mode is not None:
             # As mount.cifs: no write permission is the read-only attribute.
-            a = await (self._stat_path(_path(node)) if file is None else self._file_attributes(file))
+            a = await (self._file_attributes(files[0]) if files else self._stat_path(_path(node)))
             wanted = a.attributes & ~info.ATTR_READONLY | (0 if mode & 0o200 else info.ATTR_READONLY)
             if wanted != a.attributes:
                 attributes = wanted or info.ATTR_NORMAL
         if atime_ns is not None or mtime_ns is not None or attributes:
             basic = info.FileBasicInformation(atime_ns, mtime_ns, attributes).pack()
             changes.append(m.set_info(info.FILE_BASIC, basic))
-        if file is not None:
+        for f in files:
             for change in changes:
-                await self._file_call(file, lambda fid: _with_file_id(change, fid))
-            return await self.getattr(node, file)
+                await self._file_call(f, lambda fid: _with_file_id(change, fid))
+        if files:
+            return await self.getattr(node, files[0])
         path = _path(node)
         access = m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES | (m.WRITE_DATA if size is not None else 0)
         bodies = await self._call([m.create(path, access), *changes, _query_all(), m.close()], path)
@@ -326,6 +367,7 @@ class SMBBackend(Capabilities, Backend):
         if a.file_id != node.ino:
             await self.release(file)
             raise OSError(errno.ESTALE, f"{path}: replaced by another file")
+        _add_writer(file)
         return file
 
     async def create(self, dir, name, flags, mode, owner):
@@ -339,6 +381,7 @@ class SMBBackend(Capabilities, Backend):
             disposition = m.OPEN_IF
         file, a = await self._open(None, path, _access(flags), disposition, m.NON_DIRECTORY_FILE)
         file.node = self._node(path, a)
+        _add_writer(file)
         return file.node, self._stat(a), file
 
     async def _open(self, node, path, access, disposition, options):
@@ -410,6 +453,8 @@ class SMBBackend(Capabilities, Backend):
         await self._file_call(file, m.flush)
 
     async def release(self, file):
+        if file.node is not None and file in file.node.writers:  # None: create() failed to open it
+            file.node.writers.remove(file)
         if file.generation != self.client.generation:
             return  # its connection is gone, and the handle with it
         try:
@@ -553,6 +598,11 @@ def _access(flags):
     if mode == os.O_WRONLY:
         return m.WRITE | m.READ_ATTRIBUTES
     return m.READ | m.WRITE
+
+
+def _add_writer(file):
+    if file.access & m.WRITE_DATA:
+        file.node.writers.append(file)
 
 
 def _query_all(file_id=m.RELATED):
