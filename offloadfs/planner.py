@@ -85,6 +85,7 @@ class Planner:
             done = 0
             for method in self.choose(route, plan(src, dst, self.offload), length):
                 started = time.monotonic()
+                record.method = method  # what `offloadfs status` shows while it runs
                 try:
                     n = await getattr(self, "_" + method)(src, off_in + done, dst, off_out + done,
                                                           length - done, record)
