@@ -6,8 +6,8 @@ them and its own mounts, all removed after the test. The same goes for the
 Samba lab: started on first use, shared by the session.
 
 Tests that should hold wherever the files live take `mount_on(where)`, where
-is "local-KIND" (a loop filesystem of that kind) or "smb-KIND" (a Samba share
-on one).
+is "local-KIND" (a loop filesystem of that kind), "smb-KIND" (a Samba share
+on one), "nfs-ganesha" or "nfsd" (an NFS export, see nfskit).
 """
 
 import os
@@ -15,6 +15,7 @@ import shutil
 import uuid
 from contextlib import ExitStack
 
+import nfskit
 import pytest
 import smbkit
 from mpkit import Mount
@@ -89,18 +90,45 @@ def smb():
         yield lab
 
 
+def _nfs_lab(start):
+    why = nfskit.missing_tools()
+    if why:
+        pytest.skip(why)
+    with start() as (place, lab):
+        yield place, lab
+
+
+@pytest.fixture(scope="session")
+def ganesha():
+    """(nfskit.Place, ganesha Lab) of the session's nfs-ganesha."""
+    yield from _nfs_lab(nfskit.ganesha_place)
+
+
+@pytest.fixture(scope="session")
+def nfsd():
+    """(nfskit.Place, NfsdLab) of the session's nfsd guest (xfs without reflink)."""
+    yield from _nfs_lab(nfskit.nfsd_place)
+
+
 @pytest.fixture
 def mount_on(request, backing):
     """Factory: mount_on(where or {name: where}, options) -> Mount of fresh
     directories; mnt.backing is each as the machine holding it sees it.
 
     where is "local-KIND" (a loop filesystem of that kind), "smb-KIND" (the
-    lab's share on one) or "smb2-KIND" (the same on the lab's second server).
+    lab's share on one), "smb2-KIND" (the same on the lab's second server),
+    "nfs-ganesha" or "nfsd" (a directory in that server's export; its backing
+    is the view nfskit describes).
     """
     with ExitStack() as stack:
 
         def place(where):
             """(source, backing path) of a fresh directory at `where`."""
+            if where in nfskit.PLACES:
+                place, _ = request.getfixturevalue("nfsd" if where == "nfsd" else "ganesha")
+                url, path = place.fresh_dir()
+                stack.callback(shutil.rmtree, path, ignore_errors=True)
+                return url, path
             host, kind = where.split("-", 1)
             if host == "local":
                 path = backing(kind)
@@ -117,6 +145,9 @@ def mount_on(request, backing):
                 source = {name: src for name, (src, _) in made.items()}
                 path = {name: p for name, (_, p) in made.items()}
             wheres = [where] if isinstance(where, str) else where.values()
+            if isinstance(where, str) and where in nfskit.PLACES:
+                mountpoint = stack.enter_context(offloadfs_mount(source, options=options))
+                return Mount(mountpoint, path, nfskit.CANNOT[where], nfskit.TIME_STEP_NS)
             if not any(w.startswith("smb") for w in wheres):
                 return Mount(stack.enter_context(offloadfs_mount(source, options=options)), path)
             lab = request.getfixturevalue("smb")
