@@ -18,11 +18,11 @@ CHUNK = 1 << 20
 
 
 def write_file(path, size):
-    """Write `size` bytes of non-repeating data so nothing looks sparse."""
-    block = os.urandom(CHUNK)
+    """Write `size` bytes of non-repeating data so nothing looks sparse: every chunk differs."""
+    block = os.urandom(min(size, CHUNK))
     with open(path, "wb") as f:
-        for i in range(size // CHUNK):
-            f.write(i.to_bytes(8, "little") + block[8:])
+        for i, offset in enumerate(range(0, size, CHUNK)):
+            f.write((i.to_bytes(8, "little") + block[8:])[:size - offset])
         os.fsync(f.fileno())
 
 
