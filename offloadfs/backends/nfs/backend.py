@@ -159,6 +159,14 @@ class NFSBackend(Backend):
             return NotSupported(f"{what}: not supported by the server")
         return None
 
+    def _refused(self, op, e, what):
+        """NotSupported for an offload the server will not do (NOTSUPP remembered, or a refusal
+        of this pair of files), else None: the error is a real one."""
+        unsupported = self._unsupported(op, e, what)
+        if unsupported is None and e.status in COPY_UNSUPPORTED:
+            return NotSupported(f"{what}: {e.strerror}")
+        return unsupported
+
     async def _with_state(self, files, build, **kw):
         """Run the compound ``build(*stateids)``, reopening files whose open state the server lost."""
         for attempt in range(3):
@@ -580,11 +588,9 @@ class NFSBackend(Backend):
                 ops.PutFH(src_file.node.fh), ops.SaveFH(), ops.PutFH(dst_file.node.fh),
                 ops.Clone(s, d, src_offset, dst_offset, length)])
         except NFSError as e:
-            unsupported = self._unsupported(ops.OP_CLONE, e, "CLONE")
-            if unsupported:
-                raise unsupported from None
-            if e.status in COPY_UNSUPPORTED:
-                raise NotSupported(f"CLONE: {e.strerror}") from None
+            refused = self._refused(ops.OP_CLONE, e, "CLONE")
+            if refused:
+                raise refused from None
             raise
         return length
 
@@ -599,11 +605,9 @@ class NFSBackend(Backend):
                     ops.PutFH(src_file.node.fh), ops.SaveFH(), ops.PutFH(dst_file.node.fh),
                     ops.Copy(s, d, src_offset, dst_offset, count, synchronous)], retry_delay=False)
             except NFSError as e:
-                unsupported = self._unsupported(ops.OP_COPY, e, "COPY")
-                if unsupported:
-                    raise unsupported from None
-                if e.status in COPY_UNSUPPORTED:
-                    raise NotSupported(f"COPY: {e.strerror}") from None
+                refused = self._refused(ops.OP_COPY, e, "COPY")
+                if refused:
+                    raise refused from None
                 if e.status == errors.OFFLOAD_NO_REQS:
                     synchronous = not synchronous if e.detail is None else e.detail
                     continue
@@ -671,11 +675,9 @@ class NFSBackend(Backend):
             [_, notified] = await self._with_state([file], lambda sid: [
                 ops.PutFH(file.node.fh), ops.CopyNotify(sid, destination)])
         except NFSError as e:
-            unsupported = self._unsupported(ops.OP_COPY_NOTIFY, e, "COPY_NOTIFY")
-            if unsupported:
-                raise unsupported from None
-            if e.status in COPY_UNSUPPORTED:
-                raise NotSupported(f"COPY_NOTIFY: {e.strerror}") from None
+            refused = self._refused(ops.OP_COPY_NOTIFY, e, "COPY_NOTIFY")
+            if refused:
+                raise refused from None
             raise
         # None named: the address we reach it at (a COPY with no source would be an intra-server one).
         return notified.stateid, notified.sources or [ops.NetLoc.address(*self.client.address)]
