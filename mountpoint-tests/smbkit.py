@@ -74,7 +74,5 @@ def smb_lab(servers=2, kinds=KINDS, rate=None):
     """Yield an SmbLab; smbds, namespaces, loop filesystems and the
     credentials file are gone on exit."""
     with samba_lab(kinds, rate=rate, servers=servers) as lab, tempfile.TemporaryDirectory() as tmp:
-        credentials = Path(tmp, "credentials")
-        credentials.write_text(f"username={lab.server.username}\npassword={lab.server.password}\n")
-        credentials.chmod(0o600)
+        credentials = lab.server.write_credentials(Path(tmp, "credentials"))
         yield SmbLab(lab, credentials)

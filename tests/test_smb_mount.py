@@ -33,9 +33,7 @@ def lab():
 
 @pytest.fixture(scope="module")
 def creds(lab, tmp_path_factory):
-    path = tmp_path_factory.mktemp("smb") / "cred"
-    path.write_text(f"username={lab.server.username}\npassword={lab.server.password}\n")
-    path.chmod(0o600)
+    path = lab.server.write_credentials(tmp_path_factory.mktemp("smb") / "cred")
     return path
 
 

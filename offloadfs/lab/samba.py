@@ -162,6 +162,13 @@ class SambaServer(ServerProcess):
         """The share's \\\\host\\share path for SMB clients."""
         return f"\\\\{self.host}\\{share}"
 
+    def write_credentials(self, path):
+        """A mount.cifs-style credentials file for the lab user, readable by root only; returns path."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "w") as f:
+            f.write(f"username={self.username}\npassword={self.password}\n")
+        return path
+
     def command(self):
         return ["smbd", "--foreground", "--no-process-group", "-s", str(self.conf)]
 

@@ -33,9 +33,7 @@ def share_mount(server, kind, options=()):
     (never in the URL or the options, which show in ps and /proc/mounts).
     """
     with tempfile.TemporaryDirectory(prefix="offloadfs-cred-") as tmp:
-        cred = Path(tmp, "credentials")
-        cred.write_text(f"username={server.username}\npassword={server.password}\n")
-        cred.chmod(0o600)
+        cred = server.write_credentials(Path(tmp, "credentials"))
         url = f"smb://{server.username}@{server.host}/{kind}"
         with offloadfs_mount(url, options=[f"credentials={cred}", *options]) as mnt:
             yield mnt
