@@ -7,7 +7,7 @@ filesystem overrides only what it implements and the rest answers ENOSYS
 (or, for ioctl, ENOTTY, which is what callers probing a tty expect).
 """
 import errno
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(slots=True)
@@ -32,8 +32,6 @@ class Entry:
 class Opened:
     """The answer to open/create/opendir."""
     fh: int
-    direct_io: bool = False
-    keep_cache: bool = False
     backing_fd: int | None = None  # a file to hand to FUSE passthrough
 
 
@@ -66,10 +64,8 @@ NOW = -1
 class ConnInfo:
     """What INIT settled: the filesystem may read it; the session owns it."""
     minor: int
-    max_write: int
     writeback_cache: bool
     passthrough: bool
-    extra: dict = field(default_factory=dict)
 
 
 def _nosys(*_args, **_kwargs):

@@ -209,7 +209,7 @@ class Session:
             want |= abi.PASSTHROUGH
         granted = want & flags
         passthrough = bool(granted & abi.PASSTHROUGH)
-        self.conn = ConnInfo(minor=min(minor, abi.KERNEL_MINOR_VERSION), max_write=MAX_WRITE,
+        self.conn = ConnInfo(minor=min(minor, abi.KERNEL_MINOR_VERSION),
                              writeback_cache=bool(granted & abi.WRITEBACK_CACHE), passthrough=passthrough)
         out = abi.init_out.pack(
             abi.KERNEL_VERSION, self.conn.minor, max_readahead, granted & 0xFFFFFFFF,
@@ -222,14 +222,12 @@ class Session:
     # -- passthrough ------------------------------------------------------
 
     def _open_out(self, opened):
-        flags = (abi.FOPEN_DIRECT_IO if opened.direct_io else 0) | (abi.FOPEN_KEEP_CACHE if opened.keep_cache else 0)
-        backing_id = 0
-        if opened.backing_fd is not None and self.conn.passthrough:
-            arg = bytearray(abi.backing_map.pack(opened.backing_fd, 0, 0))
-            backing_id = fcntl.ioctl(self.fd, abi.DEV_IOC_BACKING_OPEN, arg, True)
-            self._backing[opened.fh] = backing_id
-            flags |= abi.FOPEN_PASSTHROUGH
-        return abi.open_out.pack(opened.fh, flags, backing_id)
+        if opened.backing_fd is None or not self.conn.passthrough:
+            return abi.open_out.pack(opened.fh, 0, 0)
+        arg = bytearray(abi.backing_map.pack(opened.backing_fd, 0, 0))
+        backing_id = fcntl.ioctl(self.fd, abi.DEV_IOC_BACKING_OPEN, arg, True)
+        self._backing[opened.fh] = backing_id
+        return abi.open_out.pack(opened.fh, abi.FOPEN_PASSTHROUGH, backing_id)
 
     def _close_backing(self, fh):
         backing_id = self._backing.pop(fh, None)
