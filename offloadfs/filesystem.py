@@ -54,7 +54,6 @@ class Inode:
     source: Source | None  # None: the synthetic root of a multi-source mount
     node: object
     key: tuple
-    mode: int
     lookups: int = 0
     pinned: bool = False  # source roots live as long as the mount
     stat: Stat | None = None
@@ -105,13 +104,13 @@ class Filesystem(Operations):
                 nodeid = next(self._nodeids)
             else:
                 nodeid = ROOT
-            inode = Inode(nodeid, src, node, (src.index, st.ino), stat.S_IFMT(st.mode), pinned=True)
+            inode = Inode(nodeid, src, node, (src.index, st.ino), pinned=True)
             self._cache(inode, st)
             self.inodes[nodeid] = inode
             self.by_key[inode.key] = inode
             self.roots[src.index] = inode
         if self.multi:
-            self.inodes[ROOT] = Inode(ROOT, None, None, ("root",), stat.S_IFDIR, pinned=True)
+            self.inodes[ROOT] = Inode(ROOT, None, None, ("root",), pinned=True)
 
     # -- plumbing -------------------------------------------------------------
 
@@ -177,7 +176,7 @@ class Filesystem(Operations):
         key = (source.index, st.ino)
         inode = self.by_key.get(key)
         if inode is None:
-            inode = Inode(next(self._nodeids), source, node, key, stat.S_IFMT(st.mode))
+            inode = Inode(next(self._nodeids), source, node, key)
             self.inodes[inode.nodeid] = inode
             self.by_key[key] = inode
         elif node is not inode.node:
