@@ -33,6 +33,7 @@ samba = pytest.importorskip("offloadfs.lab.samba", reason="the Samba lab needs p
 from offloadfs.backends.smb import capabilities, client as smb_client  # noqa: E402
 
 MiB = 1 << 20
+HANG_BOUND = 15  # seconds: an answer slower than this is a hang, whatever the machine's load
 RW, CREATE = os.O_RDWR, os.O_RDWR | os.O_CREAT | os.O_EXCL
 OWNER = (0, 0)
 
@@ -449,10 +450,9 @@ async def test_bad_sources_fail_clearly_and_never_show_the_password(lab, tmp_pat
     ]
     for url, message in cases:
         backend = smb.SMBBackend(url, {"credentials": str(cred)})
-        start = time.monotonic()
-        with pytest.raises(SourceError) as e:
+        with trio.fail_after(HANG_BOUND), pytest.raises(SourceError) as e:
             await backend.root()
-        assert message in str(e.value) and time.monotonic() - start < 5
+        assert message in str(e.value)
         assert secret not in str(e.value) and secret not in repr(e.value)
         assert backend.client is None
     good = cred.with_name("good")
@@ -472,11 +472,9 @@ async def test_reconnect_after_server_restart(lab, connect):
         await b.write(f, 0, b"before ")
         generation = b.client.generation
         await trio.to_thread.run_sync(server.kill)
-        start = time.monotonic()
-        with pytest.raises(OSError) as e:  # no server: a quick EIO, not a hang
+        with trio.fail_after(HANG_BOUND), pytest.raises(OSError) as e:  # no server: EIO, not a hang
             await b.getattr(d)
         assert e.value.errno == errno.EIO and "cannot connect to" in str(e.value)
-        assert time.monotonic() - start < 2
         await trio.to_thread.run_sync(server.start)
         # The dead connection is noticed, a new one made, the handle reopened by path.
         assert await b.write(f, 7, b"after") == 5
@@ -495,11 +493,9 @@ async def test_a_server_that_stops_answering_fails_requests_not_the_mount(lab, c
         for pid in stopped:
             freeze(pid)
         try:
-            start = time.monotonic()
-            with pytest.raises(OSError) as e:
+            with trio.fail_after(HANG_BOUND), pytest.raises(OSError) as e:
                 await b.getattr(d)
             assert e.value.errno == errno.EIO and "did not answer in 1 s" in str(e.value)
-            assert time.monotonic() - start < 3
             assert (await b.getattr(d)).ino == d.ino  # a new connection
         finally:
             for pid in stopped:
