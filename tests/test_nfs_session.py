@@ -11,6 +11,7 @@ import struct
 
 import pytest
 import trio
+import trio.testing
 
 from offloadfs.backends.nfs import attrs, errors, ops, rpc
 from offloadfs.backends.nfs.session import Client, Settings
@@ -328,3 +329,26 @@ async def test_idle_client_renews_its_lease():
         assert server.renewals <= 4
         await client.close()
         nursery.cancel_scope.cancel()
+
+
+async def test_offload_records_survive_an_early_callback_and_ignore_a_late_one():
+    client = Client(Settings("192.0.2.1"))
+    early, late = b"\0\0\0\1" + b"e" * 12, b"\0\0\0\1" + b"l" * 12
+    client._offload_done(early, "early outcome")  # CB_OFFLOAD before the COPY reply
+    record = client.offload(early)
+    assert record.done.is_set() and record.outcome == "early outcome"
+    client.offload_ended(early)
+    client.offload(late)
+    client.offload_ended(late)  # cancelled: the server reports its end afterwards
+    client._offload_done(late, "late outcome")
+    assert client.offloads == {}
+
+
+def test_unclaimed_callbacks_are_dropped_after_a_while():
+    async def body():
+        client = Client(Settings("192.0.2.1"))
+        client._offload_done(b"\0\0\0\1" + b"o" * 12, "orphan")  # its COPY reply never came
+        await trio.sleep(301)
+        client._offload_done(b"\0\0\0\1" + b"n" * 12, "new")
+        assert list(client.offloads) == [b"n" * 12]
+    trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))

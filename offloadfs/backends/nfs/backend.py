@@ -786,7 +786,7 @@ class NFSBackend(Backend):
                     log.debug("OFFLOAD_CANCEL: %s", e)
             raise
         finally:
-            self.client.offloads.pop(stateid[4:], None)
+            self.client.offload_ended(stateid)
         outcome = record.outcome
         if outcome.status == errors.OK:
             return outcome.result

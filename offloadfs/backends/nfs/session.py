@@ -38,6 +38,8 @@ BACK_SLOTS = 4
 RECORD_OVERHEAD = 64 << 10  # what we ask for beyond the largest READ/WRITE payload
 IO_HEADROOM = 1024  # RPC and compound framing around a READ/WRITE payload
 SEQ4_STATUS_CB_PATH_DOWN, SEQ4_STATUS_CB_PATH_DOWN_SESSION = 0x1, 0x200
+ENDED_KEPT = 256  # ended copies whose late CB_OFFLOAD is ignored
+ORPHAN_OFFLOAD = 300  # seconds an unclaimed CB_OFFLOAD is kept for a COPY reply still to come
 ROOT_CRED = rpc.auth_sys(0, 0)
 
 
@@ -89,9 +91,11 @@ class SlotTable:
 
 
 class _Offload:
-    def __init__(self):
+    def __init__(self, waited):
         self.done = trio.Event()
         self.outcome = None  # compound.Offload
+        self.waited = waited  # False: a CB_OFFLOAD that came before its COPY reply
+        self.born = trio.current_time()
 
 
 class Client:
@@ -116,6 +120,7 @@ class Client:
         self.refused_sources = set()  # (host, port) of servers it could not pull from
         self.address = None  # (ip, port) we reach the server at: how COPY_NOTIFY names it
         self.offloads = {}  # copy stateid "other" -> _Offload
+        self._ended = {}  # stateid "other" of copies no longer waited for (insertion-ordered, capped)
         self.users = 0
         self._verifier = os.urandom(8)
         self._owner = f"offloadfs/{socket.gethostname()}/{os.getpid()}/{os.urandom(6).hex()}".encode()
@@ -487,10 +492,28 @@ class Client:
 
     def offload(self, stateid):
         """The record an asynchronous copy's end lands in (CB_OFFLOAD may come before the COPY reply)."""
-        return self.offloads.setdefault(stateid[4:], _Offload())
+        record = self.offloads.setdefault(stateid[4:], _Offload(True))
+        record.waited = True
+        return record
+
+    def offload_ended(self, stateid):
+        """Nobody waits for this copy any more: drop its record, and ignore a CB_OFFLOAD still on
+        its way (a cancelled copy reports its end too)."""
+        key = stateid[4:]
+        self.offloads.pop(key, None)
+        self._ended[key] = None
+        if len(self._ended) > ENDED_KEPT:
+            del self._ended[next(iter(self._ended))]
 
     def _offload_done(self, stateid, outcome):
-        record = self.offload(stateid)
+        key = stateid[4:]
+        if key in self._ended:
+            return
+        now = trio.current_time()
+        for other, record in list(self.offloads.items()):  # early callbacks whose COPY reply never came
+            if not record.waited and now - record.born > ORPHAN_OFFLOAD:
+                del self.offloads[other]
+        record = self.offloads.setdefault(key, _Offload(False))
         record.outcome = outcome
         record.done.set()
 
