@@ -10,7 +10,7 @@ import trio.testing
 
 from offloadfs.backends.base import NotSupported
 from offloadfs.backends.nfs import errors, ops
-from offloadfs.backends.nfs.backend import NFSBackend
+from offloadfs.backends.nfs.backend import COPIES_IN_FLIGHT, COPY_PER_CALL, NFSBackend
 from offloadfs.backends.nfs.compound import Offload
 from offloadfs.backends.nfs.errors import NFSError
 from offloadfs.backends.nfs.session import Client, Settings
@@ -150,10 +150,10 @@ def test_copy_falls_back_to_synchronous_when_the_outcome_is_unknown():
         b = backend(None)
         b._with_state = with_state
         b._await_offload = unknown
-        assert await b.server_copy(FakeFile, 0, FakeFile, 0, 1 << 30) == 4 << 20
+        assert await b.server_copy(FakeFile, 0, FakeFile, 0, COPY_PER_CALL) == 4 << 20
         assert copies == [False, True] and not b.client.async_copies
         assert await b.server_copy(FakeFile, 0, FakeFile, 0, 1 << 30) == 4 << 20
-        assert copies[-1] is True
+        assert copies[-1] is True and len(copies) == 3  # one COPY at a time now
     run(main)
 
 
@@ -172,7 +172,7 @@ def test_copy_retries_with_what_the_server_requires():
 
         b = backend(None)
         b._with_state = with_state
-        assert await b.server_copy(FakeFile, 0, FakeFile, 0, 1 << 30) == 100
+        assert await b.server_copy(FakeFile, 0, FakeFile, 0, COPY_PER_CALL) == 100
         assert copies == [False, True, True]
     run(main)
 
@@ -214,4 +214,69 @@ def test_unstable_copy_is_committed_and_a_changed_verifier_copies_again():
         b._with_state = with_state
         assert await b.server_copy(FakeFile, 0, FakeFile, 5, 100) == 100
         assert len(b.calls) == 2 and not verifiers
+    run(main)
+
+
+def spans_backend(answer):
+    """A backend whose COPYs end, after a second, as ``answer(src_offset, count)`` says;
+    ``b.peak`` is the most that ran at once."""
+    b = backend(None)
+    b.running = b.peak = 0
+
+    async def with_state(files, build, **kw):
+        copy = build(SID, SID)[-1]
+        b.running += 1
+        b.peak = max(b.peak, b.running)
+        try:
+            await trio.sleep(1)
+            count = answer(copy.src_offset, copy.count)
+        finally:
+            b.running -= 1
+        return [ops.CopyResult(None, ops.WriteResult(count, ops.FILE_SYNC4, VERIFIER), True)]
+
+    b._with_state = with_state
+    return b
+
+
+def test_large_copies_keep_several_copies_in_flight():
+    async def main():
+        b = spans_backend(lambda offset, count: count)
+        start = trio.current_time()
+        assert await b.server_copy(FakeFile, 0, FakeFile, 0, 1 << 40) == COPIES_IN_FLIGHT * COPY_PER_CALL
+        assert b.peak == COPIES_IN_FLIGHT and trio.current_time() - start == 1
+        b.peak = 0
+        assert await b.server_copy(FakeFile, 0, FakeFile, 0, COPY_PER_CALL + 5) == COPY_PER_CALL + 5
+        assert b.peak == 2
+    run(main)
+
+
+def test_only_the_part_without_a_gap_counts():
+    async def main():
+        def short_second(offset, count):
+            return count // 2 if offset == COPY_PER_CALL else count
+        b = spans_backend(short_second)
+        assert await b.server_copy(FakeFile, 0, FakeFile, 0, 1 << 40) == COPY_PER_CALL * 3 // 2
+
+        def refusing_third(offset, count):
+            if offset == 2 * COPY_PER_CALL:
+                raise NotSupported("COPY: not this range")
+            return count
+        b = spans_backend(refusing_third)
+        assert await b.server_copy(FakeFile, 0, FakeFile, 0, 1 << 40) == 2 * COPY_PER_CALL
+
+        def refusing_first(offset, count):
+            if offset == 0:
+                raise NotSupported("COPY: not this range")
+            return count
+        b = spans_backend(refusing_first)
+        with pytest.raises(NotSupported):
+            await b.server_copy(FakeFile, 0, FakeFile, 0, 1 << 40)
+
+        def failing_fourth(offset, count):
+            if offset == 3 * COPY_PER_CALL:
+                raise NFSError(errors.IO, "COPY")
+            return count
+        b = spans_backend(failing_fourth)
+        with pytest.raises(NFSError):  # an error is the request's, wherever it struck
+            await b.server_copy(FakeFile, 0, FakeFile, 0, 1 << 40)
     run(main)

@@ -83,8 +83,14 @@ async def test_synchronous_copy(url):
             await b.release(f)
 
 
-async def test_asynchronous_copy_ends_with_cb_offload(url):
-    data = os.urandom(1 << 20) * 16
+@pytest.mark.parametrize("per_call, size, ends", [
+    (64 << 20, 16 << 20, [16 << 20]),  # one asynchronous COPY
+    (8 << 20, (24 << 20) + 1000, [8 << 20] * 3),  # three side by side, the last 1000 bytes synchronous
+])
+async def test_asynchronous_copies_end_with_cb_offload(url, monkeypatch, per_call, size, ends):
+    from offloadfs.backends.nfs import backend
+    monkeypatch.setattr(backend, "COPY_PER_CALL", per_call)
+    data = os.urandom(size)
     async with mounted(url) as (b, root):
         _, src = await make(b, root, b"src", data)
         _, dst = await make(b, root, b"dst")
@@ -92,8 +98,8 @@ async def test_asynchronous_copy_ends_with_cb_offload(url):
         done = b.client._offload_done
         b.client._offload_done = lambda sid, outcome: (seen.append(outcome), done(sid, outcome))
         assert await b.server_copy(src, 0, dst, 0, len(data)) == len(data)
-        assert [o.result.count for o in seen] == [len(data)]
-        assert await b.read(dst, 0, len(data)) == data
+        assert [o.result.count for o in seen] == ends
+        assert await b.read(dst, 0, len(data) + 1) == data
         assert not b.client.offloads
         for f in (src, dst):
             await b.release(f)

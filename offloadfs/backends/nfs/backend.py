@@ -27,6 +27,7 @@ import trio
 
 from .. import SourceError
 from ..base import Backend, DirItem, FsStat, NotSupported, Stat
+from ..parallel import copy_spans, together
 from . import attrs, errors, ops, rpc, url
 from .errors import NFSError
 from .session import Client
@@ -37,7 +38,10 @@ IN_FLIGHT = 8  # READs or WRITEs of one call at once
 SPARSE_RECHECK = 1.0  # seconds a file is taken to be sparse, or not
 DIRTY_LIMIT = 64 << 20  # unstable bytes per file before a COMMIT
 SYNC_COPY_LIMIT = 4 << 20  # larger copies run asynchronously
-COPY_PER_CALL = 64 << 20  # the planner loops: progress and interrupts land between calls
+COPY_PER_CALL = 16 << 20  # bytes one COPY asks for
+COPIES_IN_FLIGHT = 4  # COPYs of one server_copy call at once; the planner loops over calls (64 MiB),
+# so progress reports and interrupts land between them
+PULL_PER_CALL = 64 << 20  # one inter-server COPY: each costs a COPY_NOTIFY on the source first
 POLL_START, POLL_MAX = 1.0, 5.0  # OFFLOAD_STATUS while waiting for CB_OFFLOAD
 LATE_CALLBACK = 2.0  # how long a finished copy's CB_OFFLOAD may lag its OFFLOAD_STATUS
 READDIR_MAX = 32768
@@ -89,29 +93,6 @@ def _access(flags):
 def _cred(owner):
     uid, gid = owner
     return rpc.auth_sys(uid, gid, [gid])
-
-
-async def together(calls):
-    """Run async calls side by side; their results in order.  The first failure cancels
-    the rest and is raised as itself, not in an exception group."""
-    results = [None] * len(calls)
-    failure = None
-
-    async def one(i, call):
-        nonlocal failure
-        try:
-            results[i] = await call()
-        except Exception as e:
-            if failure is None:
-                failure = e
-            nursery.cancel_scope.cancel()
-
-    async with trio.open_nursery() as nursery:
-        for i, call in enumerate(calls):
-            nursery.start_soon(one, i, call)
-    if failure is not None:
-        raise failure
-    return results
 
 
 class NFSBackend(Backend):
@@ -595,8 +576,18 @@ class NFSBackend(Backend):
         return length
 
     async def server_copy(self, src_file, src_offset, dst_file, dst_offset, length):
+        """COPY up to COPIES_IN_FLIGHT x COPY_PER_CALL bytes.  Large copies go as several asynchronous
+        COPYs side by side (a server runs each in its own thread); the count returned is the part
+        done without a gap from the start, and the planner goes on from there."""
         self._supported(ops.OP_COPY, "COPY")
-        count = min(length, COPY_PER_CALL)
+        if length <= COPY_PER_CALL or not self.client.async_copies:
+            return await self._copy(src_file, src_offset, dst_file, dst_offset, min(length, COPY_PER_CALL))
+        return await copy_spans(
+            lambda start, count: self._copy(src_file, src_offset + start, dst_file, dst_offset + start, count),
+            min(length, COPIES_IN_FLIGHT * COPY_PER_CALL), COPY_PER_CALL)
+
+    async def _copy(self, src_file, src_offset, dst_file, dst_offset, count):
+        """One COPY of ``count`` bytes (the server may copy fewer), committed."""
         # Asynchronous only where CB_OFFLOAD can reach us: OFFLOAD_STATUS alone cannot tell how it ended.
         synchronous = count <= SYNC_COPY_LIMIT or not self.client.async_copies
         for attempt in range(4):
@@ -641,7 +632,7 @@ class NFSBackend(Backend):
         a synchronous one NOTSUPP), so the outcome comes by CB_OFFLOAD.
         """
         source = self._pull_source(src_backend)
-        count = min(length, COPY_PER_CALL)
+        count = min(length, PULL_PER_CALL)
         stateid, sources = await src_backend._copy_notify(src_file, ops.NetLoc.address(*self.client.address))
         try:
             return await self._pull(source, stateid, sources, src_file, src_offset, dst_file, dst_offset, count)

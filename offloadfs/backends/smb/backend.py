@@ -26,7 +26,8 @@ from .. import SourceError
 from ..base import Backend, DirItem, FsStat, Stat
 from . import errors, info, messages as m, url, wire
 from .capabilities import Capabilities, CopyLimits
-from .client import Client, ConnectionLost, together
+from ..parallel import together
+from .client import Client, ConnectionLost
 from .errors import status_error, status_of
 
 RENAME_NOREPLACE = 1

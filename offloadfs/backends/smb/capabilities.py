@@ -5,14 +5,13 @@ Copy offload is where SMB servers differ most, so each refusal is read as
 itself broke; the server's copychunk limits are learned from its refusal.
 """
 import errno
-import functools
 import logging
 
 import trio
 
 from ..base import NotSupported
+from ..parallel import copy_spans
 from . import errors, info, messages as m, wire
-from .client import together
 from .errors import status_error
 
 log = logging.getLogger(__name__)
@@ -149,29 +148,13 @@ class Capabilities:
             raise NotSupported("copychunk into a btrfs share from another kind of share")
         length = min(length, COPY_PER_CALL)
         key = await src_file.backend._resume_key(src_file)
-        step = self.copy_limits.per_request()
-        starts = list(range(0, length, step))
         limit = trio.CapacityLimiter(COPY_REQUESTS_IN_FLIGHT)
 
-        async def request(start):
+        async def request(start, count):
             async with limit:
-                try:
-                    return await self._copychunk(key, src_file, src_offset + start, dst_file, dst_offset + start,
-                                                 min(step, length - start))
-                except NotSupported as e:
-                    return e
+                return await self._copychunk(key, src_file, src_offset + start, dst_file, dst_offset + start, count)
 
-        results = await together([functools.partial(request, start) for start in starts])
-        total = 0
-        for start, n in zip(starts, results):
-            if isinstance(n, NotSupported):
-                if total == 0:
-                    raise n
-                break
-            total += n
-            if n < min(step, length - start):
-                break
-        return total
+        return await copy_spans(request, length, self.copy_limits.per_request())
 
     async def _copychunk(self, key, src_file, src_offset, dst_file, dst_offset, length):
         """One or more COPYCHUNK_WRITE requests for a range; bytes copied from its start."""

@@ -382,26 +382,3 @@ class _LeanSend:
 def _reason(e):
     cause = e.__cause__
     return getattr(cause, "strerror", None) or str(cause or e)
-
-
-async def together(calls):
-    """Run async calls side by side; their results in order.  The first failure
-    cancels the rest and is raised as itself, not in an exception group."""
-    results = [None] * len(calls)
-    failures = []
-
-    async def run(i, call):
-        try:
-            results[i] = await call()
-        except Exception as e:
-            failures.append(e)
-            nursery.cancel_scope.cancel()
-
-    if len(calls) == 1:
-        return [await calls[0]()]
-    async with trio.open_nursery() as nursery:
-        for i, call in enumerate(calls):
-            nursery.start_soon(run, i, call)
-    if failures:
-        raise failures[0]
-    return results
