@@ -23,7 +23,8 @@ import pytest
 from mpkit import MiB, sh, sha256, write_file
 
 from offloadfs.cli import read_status
-from offloadfs.lab.mount import offloadfs_cli
+from offloadfs.lab.ganesha import ganesha_lab
+from offloadfs.lab.mount import offloadfs_cli, offloadfs_mount
 
 pytestmark = pytest.mark.skipif(nfskit.missing_tools() is not None, reason=str(nfskit.missing_tools()))
 
@@ -273,3 +274,43 @@ def test_soft_mount_fails_fast_while_ganesha_is_down(ganesha, mount_on):
         except OSError:
             assert time.monotonic() < deadline, "the soft mount does not come back"
             time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def squashing_ganesha():
+    """A ganesha whose export squashes root, as most real exports do: a home owned by user
+    1000 and a directory only group 2000 may write to."""
+    with ganesha_lab(root_squash=True) as lab:
+        export = lab.server.path
+        for name, owner, mode in (("home", (1000, 1000), 0o755), ("team", (0, 2000), 0o770)):
+            (export / name).mkdir()
+            os.chown(export / name, *owner)
+            (export / name).chmod(mode)
+        yield lab.server
+
+
+def as_user(*command):
+    """Run a command as uid 1000 (gid 1000, supplementary group 2000)."""
+    return subprocess.run(["setpriv", "--reuid=1000", "--regid=1000", "--groups=2000", "--", *command],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("options", [[], ["writeback_cache"]])
+def test_a_root_squashing_server_sees_each_user(squashing_ganesha, options):
+    """Requests act for their user (AUTH_SYS), and those on an open file for whoever opened it:
+    with writeback_cache the kernel sends the data as root, which the server would squash."""
+    server = squashing_ganesha
+    with offloadfs_mount(f"nfs://{server.host}{server.export}", options=["allow_other", *options]) as mnt:
+        work = mnt / "home" / f"w{len(options)}"
+        script = (f"set -e; mkdir {work}; cd {work}; echo hello > f; cp f g; mkdir d; mv g d/g; "
+                  f"ln -s f l; cat l d/g; echo team > {mnt}/team/t{len(options)}")
+        done = as_user("sh", "-c", script)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "hello\nhello\n"
+        with pytest.raises(PermissionError):  # root is squashed: the server sees nobody
+            (work / "root-was-here").write_bytes(b"x")
+    backing = server.path / "home" / f"w{len(options)}"
+    for path in (backing, backing / "f", backing / "d" / "g", backing / "l"):
+        assert os.lstat(path).st_uid == 1000, path
+    assert (backing / "d" / "g").read_bytes() == b"hello\n"
+    assert (server.path / "team" / f"t{len(options)}").read_bytes() == b"team\n"

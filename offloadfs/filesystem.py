@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from .backends.base import Allocate, Passthrough, SeekData, Stat
+from .backends.base import CALLER, Allocate, Caller, Passthrough, SeekData, Stat
 from .fuse.operations import NOW, DirEntry, Entry, Operations, Opened
 from .planner import Endpoint, Planner
 
@@ -66,6 +66,7 @@ class Inode:
 class Handle:
     inode: Inode
     file: object = None
+    caller: Caller = field(default_factory=CALLER.get)  # who opened it: its requests act for them
     listing: list = field(default_factory=list)  # directories: the snapshot readdir pages through
 
 
@@ -125,10 +126,14 @@ class Filesystem(Operations):
             raise OSError(errno.ESTALE, "unknown node") from None
 
     def _handle(self, fh):
+        """The open handle; the rest of the request acts for whoever opened it, as a kernel NFS
+        client does (the kernel's writeback, or a descriptor passed on, must not change who writes)."""
         try:
-            return self.handles[fh]
+            h = self.handles[fh]
         except KeyError:
             raise OSError(errno.EBADF, "unknown handle") from None
+        CALLER.set(h.caller)
+        return h
 
     def _dir(self, nodeid):
         """A real directory of a source, for operations that change it."""
@@ -196,9 +201,8 @@ class Filesystem(Operations):
             self.by_key.pop(inode.key, None)
             inode.source.backend.forget(inode.node)
 
-    @staticmethod
-    def _owner(ctx):
-        return (ctx.uid, ctx.gid)
+    def begin(self, ctx):
+        CALLER.set(Caller(ctx.uid, ctx.gid, ctx.pid))
 
     # -- names ------------------------------------------------------------------
 
@@ -271,13 +275,13 @@ class Filesystem(Operations):
         return self._entry(dir, name, node, st)
 
     async def symlink(self, ctx, parent, name, target):
-        return await self._make(parent, name, lambda b: b.symlink, target, self._owner(ctx))
+        return await self._make(parent, name, lambda b: b.symlink, target)
 
     async def mknod(self, ctx, parent, name, mode, rdev):
-        return await self._make(parent, name, lambda b: b.mknod, mode, rdev, self._owner(ctx))
+        return await self._make(parent, name, lambda b: b.mknod, mode, rdev)
 
     async def mkdir(self, ctx, parent, name, mode):
-        return await self._make(parent, name, lambda b: b.mkdir, mode, self._owner(ctx))
+        return await self._make(parent, name, lambda b: b.mkdir, mode)
 
     async def link(self, ctx, nodeid, newparent, newname):
         self._writable()
@@ -348,8 +352,7 @@ class Filesystem(Operations):
         self._writable()
         check_name(name)
         dir = self._dir(parent)
-        node, st, file = await dir.source.backend.create(dir.node, name, self._open_flags(flags), mode,
-                                                         self._owner(ctx))
+        node, st, file = await dir.source.backend.create(dir.node, name, self._open_flags(flags), mode)
         self._stale(dir)
         entry = self._entry(dir, name, node, st)
         return entry, self._opened(self.inodes[entry.nodeid], file)

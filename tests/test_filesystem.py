@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from offloadfs.backends.base import CALLER
 from offloadfs.backends.local import LocalBackend
 from offloadfs.filesystem import Filesystem, Options, check_name
 from offloadfs.fuse.operations import Ctx
@@ -44,10 +45,31 @@ async def test_new_files_belong_to_the_caller(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root to give files away")
     fs = await mounted(tmp_path)
-    entry, opened = await fs.create(Ctx(1234, 567, 1), 1, b"f", 0o640, os.O_WRONLY)
+    user = Ctx(1234, 567, 1)
+    fs.begin(user)  # as the session does for every request
+    entry, opened = await fs.create(user, 1, b"f", 0o640, os.O_WRONLY)
+    fs.begin(ROOT_CTX)
     await fs.release(ROOT_CTX, entry.nodeid, opened.fh)
     st = os.stat(tmp_path / "f")
     assert (st.st_uid, st.st_gid) == (1234, 567)
+
+
+async def test_requests_on_an_open_file_act_for_whoever_opened_it(tmp_path):
+    """The kernel's writeback sends WRITEs as root, a passed descriptor as its new holder: a
+    backend that authenticates per user (NFS AUTH_SYS) must see the opener throughout."""
+    (tmp_path / "f").write_bytes(b"abc")
+    fs = await mounted(tmp_path)
+    fs.begin(Ctx(1234, 567, os.getpid()))
+    entry = await fs.lookup(ROOT_CTX, 1, b"f")
+    opened = await fs.open(ROOT_CTX, entry.nodeid, os.O_RDWR, False)
+    fs.begin(Ctx(0, 0, 0))
+    await fs.write(ROOT_CTX, entry.nodeid, opened.fh, 0, b"x", False)
+    caller = CALLER.get()
+    assert (caller.uid, caller.gid, caller.groups()[0]) == (1234, 567, 567)
+    assert set(caller.groups()[1:]) == set(os.getgroups()) - {567}  # ours: the pid given was ours
+    fs.begin(ROOT_CTX)
+    await fs.lookup(ROOT_CTX, 1, b"f")
+    assert CALLER.get().uid == 0
 
 
 async def test_display_options_and_stable_inode_numbers(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from offloadfs.backends import SourceError, open_backend
-from offloadfs.backends.base import NotSupported
+from offloadfs.backends.base import CALLER, Caller, NotSupported
 from offloadfs.backends.nfs import ops
 from offloadfs.lab import freeze
 
@@ -57,8 +57,8 @@ async def mounted(url, **options):
         await backend.close()
 
 
-async def make(b, root, name, data=b"", owner=(0, 0)):
-    node, _, f = await b.create(root, name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644, owner)
+async def make(b, root, name, data=b""):
+    node, _, f = await b.create(root, name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     if data:
         assert await b.write(f, 0, data) == len(data)
     return node, f
@@ -106,10 +106,11 @@ async def test_write_and_read_back_in_many_pieces(place):
 async def test_created_files_belong_to_the_caller(place):
     url, path = place
     async with mounted(url) as (b, root):
-        _, f = await make(b, root, b"mine", b"x", owner=(1234, 4321))
+        CALLER.set(Caller(1234, 4321))
+        _, f = await make(b, root, b"mine", b"x")
         await b.release(f)
-        await b.mkdir(root, b"dir", 0o750, (1234, 4321))
-        await b.symlink(root, b"link", b"mine", (1234, 4321))
+        await b.mkdir(root, b"dir", 0o750)
+        await b.symlink(root, b"link", b"mine")
     for name in ("mine", "dir", "link"):
         st = os.lstat(path / name)
         assert (st.st_uid, st.st_gid) == (1234, 4321), name
@@ -120,8 +121,9 @@ async def test_the_server_checks_the_callers_permissions(place):
     url, path = place
     path.chmod(0o755)
     async with mounted(url) as (b, root):
+        CALLER.set(Caller(1234, 1234))
         with pytest.raises(PermissionError):
-            await b.create(root, b"nope", os.O_WRONLY | os.O_CREAT, 0o644, (1234, 1234))
+            await b.create(root, b"nope", os.O_WRONLY | os.O_CREAT, 0o644)
 
 
 async def test_exclusive_create_and_truncating_open(place):
@@ -130,8 +132,8 @@ async def test_exclusive_create_and_truncating_open(place):
         node, f = await make(b, root, b"f", b"0123456789")
         await b.release(f)
         with pytest.raises(FileExistsError):
-            await b.create(root, b"f", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644, (0, 0))
-        _, _, f = await b.create(root, b"f", os.O_RDWR | os.O_CREAT, 0o600, (0, 0))
+            await b.create(root, b"f", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        _, _, f = await b.create(root, b"f", os.O_RDWR | os.O_CREAT, 0o600)
         assert await b.read(f, 0, 100) == b"0123456789"  # no O_TRUNC, no O_EXCL: the file as it was
         await b.release(f)
         f = await b.open(node, os.O_WRONLY | os.O_TRUNC)
@@ -160,8 +162,8 @@ async def test_names(place):
     async with mounted(url) as (b, root):
         node, f = await make(b, root, b"a", b"hello")
         await b.release(f)
-        d, _ = await b.mkdir(root, b"d", 0o755, (0, 0))
-        lnk, st = await b.symlink(root, b"s", b"a", (0, 0))
+        d, _ = await b.mkdir(root, b"d", 0o755)
+        lnk, st = await b.symlink(root, b"s", b"a")
         assert stat.S_ISLNK(st.mode) and await b.readlink(lnk) == b"a"
         _, st = await b.link(node, d, b"hard")
         assert st.nlink == 2
@@ -171,9 +173,9 @@ async def test_names(place):
         with pytest.raises(OSError) as e:
             await b.rename(d, b"moved", d, b"hard", 2)  # RENAME_EXCHANGE
         assert e.value.errno == errno.EINVAL
-        fifo, st = await b.mknod(root, b"fifo", stat.S_IFIFO | 0o600, 0, (0, 0))
+        fifo, st = await b.mknod(root, b"fifo", stat.S_IFIFO | 0o600, 0)
         assert stat.S_ISFIFO(st.mode)
-        reg, st = await b.mknod(root, b"plain", stat.S_IFREG | 0o600, 0, (0, 0))
+        reg, st = await b.mknod(root, b"plain", stat.S_IFREG | 0o600, 0)
         assert stat.S_ISREG(st.mode)
         names = {i.name: i for i in await b.listdir(root)}
         assert set(names) == {b"d", b"s", b"fifo", b"plain"}

@@ -58,14 +58,14 @@ def url(guest):
 
     async def make():
         async with mounted(f"nfs://{guest.host}/export") as (b, root):
-            await b.mkdir(root, name, 0o777, (0, 0))
+            await b.mkdir(root, name, 0o777)
 
     trio.run(make)
     return f"nfs://{guest.host}/export/{name.decode()}"
 
 
 async def make(b, root, name, data=b""):
-    node, _, f = await b.create(root, name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644, (0, 0))
+    node, _, f = await b.create(root, name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     if data:
         await b.write(f, 0, data)
         await b.fsync(f, False)
@@ -142,8 +142,8 @@ async def test_clone_shares_and_then_separates(url):
 async def test_planner_clones_between_two_sources_on_one_server(url):
     data = os.urandom(2 << 20)
     async with mounted(url) as (b, root):
-        await b.mkdir(root, b"a", 0o755, (0, 0))
-        await b.mkdir(root, b"b", 0o755, (0, 0))
+        await b.mkdir(root, b"a", 0o755)
+        await b.mkdir(root, b"b", 0o755)
     async with mounted(url + "/a") as (a, a_root), mounted(url + "/b") as (b, b_root):
         assert a.shares_server_with(b) and a.client is b.client
         src_node, src = await make(a, a_root, b"src", data)

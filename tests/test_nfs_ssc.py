@@ -215,7 +215,7 @@ async def mounted(url):
 
 
 async def make(b, root, name, data=b""):
-    node, _, f = await b.create(root, name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644, (0, 0))
+    node, _, f = await b.create(root, name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     if data:
         await b.write(f, 0, data)
         await b.fsync(f, False)

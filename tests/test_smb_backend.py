@@ -35,7 +35,6 @@ from offloadfs.backends.smb import capabilities, client as smb_client  # noqa: E
 MiB = 1 << 20
 HANG_BOUND = 15  # seconds: an answer slower than this is a hang, whatever the machine's load
 RW, CREATE = os.O_RDWR, os.O_RDWR | os.O_CREAT | os.O_EXCL
-OWNER = (0, 0)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +60,7 @@ def connect(lab, creds):
         try:
             name = f"t-{uuid.uuid4().hex[:10]}"
             root = backend.nodes[""]
-            node, _ = await backend.mkdir(root, name.encode(), 0o755, OWNER)
+            node, _ = await backend.mkdir(root, name.encode(), 0o755)
             yield backend, node, server.shares[share].path / name
         finally:
             await backend.close()
@@ -69,7 +68,7 @@ def connect(lab, creds):
 
 
 async def make_file(backend, dir, name, data):
-    node, _, file = await backend.create(dir, name, CREATE, 0o644, OWNER)
+    node, _, file = await backend.create(dir, name, CREATE, 0o644)
     try:
         assert await backend.write(file, 0, data) == len(data)
     finally:
@@ -90,7 +89,7 @@ def connection_processes(server):
 async def test_create_write_read_stat(connect):
     async with connect() as (b, d, path):
         data = os.urandom(3 * MiB + 123)
-        node, st, f = await b.create(d, b"f", CREATE, 0o644, OWNER)
+        node, st, f = await b.create(d, b"f", CREATE, 0o644)
         assert st.size == 0 and st.mode == 0o100755  # file_mode's default, as mount.cifs
         assert await b.write(f, 0, data) == len(data)
         assert bytes(await b.read(f, 0, len(data) + 10)) == data
@@ -100,7 +99,7 @@ async def test_create_write_read_stat(connect):
         await b.release(f)
         assert (path / "f").read_bytes() == data
         with pytest.raises(FileExistsError):
-            await b.create(d, b"f", CREATE, 0o644, OWNER)
+            await b.create(d, b"f", CREATE, 0o644)
         node2, st2 = await b.lookup(d, b"f")
         assert node2 is node and st2.ino == node.ino
         with pytest.raises(FileNotFoundError):
@@ -114,7 +113,7 @@ async def test_large_io_goes_in_parallel_pieces(connect):
     async with connect() as (b, d, path):
         assert b.client.io_size == 8 * MiB  # Samba's negotiated maximum
         data = os.urandom(20 * MiB + 5)
-        node, _, f = await b.create(d, b"big", CREATE, 0o644, OWNER)
+        node, _, f = await b.create(d, b"big", CREATE, 0o644)
         assert await b.write(f, 0, memoryview(data)) == len(data)
         got = await b.read(f, 0, len(data))
         await b.release(f)
@@ -142,7 +141,7 @@ async def test_times_set_while_open_for_writing_outlast_the_close(connect):
     would stamp the close time over a time set through any other handle."""
     async with connect() as (b, d, path):
         mtime = 1_600_000_000_987_654_300
-        node, _, f = await b.create(d, b"f", CREATE, 0o644, OWNER)
+        node, _, f = await b.create(d, b"f", CREATE, 0o644)
         g = await b.open(node, os.O_WRONLY)
         r = await b.open(node, os.O_RDONLY)
         assert node.writers == [f, g]
@@ -158,8 +157,8 @@ async def test_times_set_while_open_for_writing_outlast_the_close(connect):
 
 async def test_rename_moves_nodes_below(connect):
     async with connect() as (b, d, path):
-        a, _ = await b.mkdir(d, b"a", 0o755, OWNER)
-        sub, _ = await b.mkdir(a, b"sub", 0o755, OWNER)
+        a, _ = await b.mkdir(d, b"a", 0o755)
+        sub, _ = await b.mkdir(a, b"sub", 0o755)
         f = await make_file(b, sub, b"f", b"data")
         await b.rename(d, b"a", d, b"b", 0)
         assert (a.path, sub.path, f.path) == (f"{d.path}\\b", f"{d.path}\\b\\sub", f"{d.path}\\b\\sub\\f")
@@ -178,14 +177,14 @@ async def test_rename_moves_nodes_below(connect):
             await b.rename(d, b"other", d, b"b", 0)
         with pytest.raises(NotADirectoryError):
             await b.rename(d, b"b", d, b"other", 0)
-        empty, _ = await b.mkdir(d, b"empty", 0o755, OWNER)
+        empty, _ = await b.mkdir(d, b"empty", 0o755)
         await b.rename(d, b"b", d, b"empty", 0)  # a directory replaces an empty one
         assert a.path == f"{d.path}\\empty" and sub.path == f"{d.path}\\empty\\sub"
 
 
 async def test_unlink_rmdir_and_open_files(connect):
     async with connect() as (b, d, path):
-        node, _, f = await b.create(d, b"open", CREATE, 0o644, OWNER)
+        node, _, f = await b.create(d, b"open", CREATE, 0o644)
         await b.write(f, 0, b"still here")
         await b.unlink(d, b"open")
         assert bytes(await b.read(f, 0, 100)) == b"still here"  # delete on close
@@ -196,7 +195,7 @@ async def test_unlink_rmdir_and_open_files(connect):
         ro = await make_file(b, d, b"readonly", b"r")
         await b.setattr(ro, mode=0o444)
         await b.unlink(d, b"readonly")  # POSIX: the directory's permission decides
-        sub, _ = await b.mkdir(d, b"sub", 0o755, OWNER)
+        sub, _ = await b.mkdir(d, b"sub", 0o755)
         await make_file(b, sub, b"f", b"")
         with pytest.raises(OSError) as e:
             await b.rmdir(d, b"sub")
@@ -249,7 +248,7 @@ async def test_hard_links_statfs_and_no_symlinks(connect):
         s = await b.statfs(d)
         assert s.blocks > 0 and 0 < s.bavail <= s.blocks and s.bsize > 0
         with pytest.raises(OSError) as e:
-            await b.symlink(d, b"l", b"f", OWNER)
+            await b.symlink(d, b"l", b"f")
         assert e.value.errno == errno.EOPNOTSUPP
 
 
@@ -319,7 +318,7 @@ async def test_server_copy_short_counts_and_learned_limits(connect, monkeypatch)
         data = os.urandom(40 * MiB + 1234)
         src = await make_file(b, d, b"src", data)
         sf = await b.open(src, os.O_RDONLY)
-        _, _, df = await b.create(d, b"dst", CREATE, 0o644, OWNER)
+        _, _, df = await b.create(d, b"dst", CREATE, 0o644)
         monkeypatch.setattr(capabilities, "COPY_PER_CALL", 12 * MiB)
         b.copy_limits = capabilities.CopyLimits(1024, 4 * MiB, 1 << 30)  # more than Samba takes
         counts = await copy_loop(b.server_copy, sf, df, len(data))
@@ -340,7 +339,7 @@ async def test_planner_uses_server_copy_on_ext4_and_clone_on_btrfs(connect):
             data = os.urandom(20 * MiB + 77)
             src = await make_file(b, d, b"src", data)
             sf = await b.open(src, os.O_RDONLY)
-            dst, _, df = await b.create(d, b"dst", CREATE, 0o644, OWNER)
+            dst, _, df = await b.create(d, b"dst", CREATE, 0o644)
             stats = Stats("/mnt", {})
             start = time.monotonic()
             n = await Planner(stats).copy(Endpoint(b, src, sf, "s"), 0, Endpoint(b, dst, df, "d"), 0, 1 << 40)
@@ -359,14 +358,14 @@ async def test_duplicate_extents_on_btrfs(connect):
         data = os.urandom(10 * MiB + 1000)
         src = await make_file(b, d, b"src", data)
         sf = await b.open(src, os.O_RDONLY)
-        _, _, df = await b.create(d, b"whole", CREATE, 0o644, OWNER)
+        _, _, df = await b.create(d, b"whole", CREATE, 0o644)
         # An unaligned end is fine where it is the source's end; the empty destination is sized first.
         assert await b.clone_range(sf, 0, df, 0, len(data)) == len(data)
         await b.release(df)
         assert sha((path / "whole").read_bytes()) == sha(data)
         assert "shared" in subprocess.run(["filefrag", "-v", str(path / "whole")], capture_output=True,
                                           text=True).stdout
-        _, _, df = await b.create(d, b"part", CREATE, 0o644, OWNER)
+        _, _, df = await b.create(d, b"part", CREATE, 0o644)
         # An unaligned end inside the file: the aligned part is cloned, the rest left to another method.
         assert await b.clone_range(sf, 4096, df, 4096, 5 * MiB + 100) == 5 * MiB
         with pytest.raises(NotSupported):
@@ -381,7 +380,7 @@ async def test_copies_across_shares_of_one_connection(connect):
         assert bt.client is be.client and bt.shares_server_with(be) and be.shares_server_with(bt)
         data = os.urandom(3 * MiB)
         sf = await bt.open(await make_file(bt, dt, b"src", data), os.O_RDONLY)
-        _, _, df = await be.create(de, b"from-btrfs", CREATE, 0o644, OWNER)
+        _, _, df = await be.create(de, b"from-btrfs", CREATE, 0o644)
         assert await copy_loop(be.server_copy, sf, df, len(data)) == [len(data)]
         with pytest.raises(NotSupported):
             await be.clone_range(sf, 0, df, 0, len(data))  # Samba finds handles only on their own share
@@ -390,7 +389,7 @@ async def test_copies_across_shares_of_one_connection(connect):
         assert (path_e / "from-btrfs").read_bytes() == data
         # Into btrfs from ext4: refused up front (Samba's vfs_btrfs would crash on the foreign key).
         sf = await be.open(await make_file(be, de, b"src", data), os.O_RDONLY)
-        _, _, df = await bt.create(dt, b"from-ext4", CREATE, 0o644, OWNER)
+        _, _, df = await bt.create(dt, b"from-ext4", CREATE, 0o644)
         with pytest.raises(NotSupported):
             await bt.server_copy(sf, 0, df, 0, len(data))
         await bt.release(df)
@@ -400,7 +399,7 @@ async def test_copies_across_shares_of_one_connection(connect):
 
 async def test_seek_and_punch_holes(connect):
     async with connect("ext4") as (b, d, path):
-        node, _, f = await b.create(d, b"sparse", CREATE, 0o644, OWNER)
+        node, _, f = await b.create(d, b"sparse", CREATE, 0o644)
         await b.write(f, 0, b"d" * (8 * MiB))
         assert await b.seek(f, 0, capabilities.SEEK_HOLE) == 8 * MiB  # not sparse yet: all data
         # 600 holes: more ranges than the first 4 KiB answer buffer holds (Samba then says BUFFER_TOO_SMALL).
@@ -468,7 +467,7 @@ async def test_bad_sources_fail_clearly_and_never_show_the_password(lab, tmp_pat
 async def test_reconnect_after_server_restart(lab, connect):
     server = lab.server
     async with connect() as (b, d, path):
-        node, _, f = await b.create(d, b"f", CREATE, 0o644, OWNER)
+        node, _, f = await b.create(d, b"f", CREATE, 0o644)
         await b.write(f, 0, b"before ")
         generation = b.client.generation
         await trio.to_thread.run_sync(server.kill)

@@ -11,12 +11,42 @@ A capability method raises ``NotSupported`` when it cannot serve *this*
 request (a range that is not aligned, two files on different filesystems),
 and the planner moves on to the next method.
 """
-from dataclasses import dataclass
+import contextvars
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+GROUPS_MAX = 16  # what AUTH_SYS carries
 
 
 class NotSupported(Exception):
     """This capability cannot serve this request; try another method."""
+
+
+@dataclass(slots=True)
+class Caller:
+    """The user a request acts for, in CALLER while the request runs.  The local backend gives
+    new files to their creator; NFS sends each request as its user (AUTH_SYS), so that the
+    server checks their permissions and a root-squashing export lets them reach their files."""
+    uid: int
+    gid: int
+    pid: int = 0
+    _groups: list | None = field(default=None, repr=False)
+
+    def groups(self):
+        """The primary and supplementary groups.  The kernel sends no supplementary groups, so
+        they come from /proc, as libfuse's fuse_req_getgroups does; read once, when first asked."""
+        if self._groups is None:
+            self._groups = [self.gid]
+            try:
+                with open(f"/proc/{self.pid}/status", "rb") as f:
+                    line = next((l for l in f if l.startswith(b"Groups:")), b"Groups:")
+            except OSError:
+                line = b"Groups:"  # the process is gone (or pid 0: the kernel's own request)
+            self._groups += [g for g in map(int, line.split()[1:]) if g != self.gid][:GROUPS_MAX - 1]
+        return self._groups
+
+
+CALLER = contextvars.ContextVar("CALLER", default=Caller(0, 0))
 
 
 @dataclass(slots=True)
@@ -78,16 +108,16 @@ class Backend:
         raise NotImplementedError
 
     async def readlink(self, node) -> bytes: raise NotImplementedError
-    async def mknod(self, dir, name, mode, rdev, owner) -> tuple[object, Stat]: raise NotImplementedError
-    async def mkdir(self, dir, name, mode, owner) -> tuple[object, Stat]: raise NotImplementedError
-    async def symlink(self, dir, name, target, owner) -> tuple[object, Stat]: raise NotImplementedError
+    async def mknod(self, dir, name, mode, rdev) -> tuple[object, Stat]: raise NotImplementedError
+    async def mkdir(self, dir, name, mode) -> tuple[object, Stat]: raise NotImplementedError
+    async def symlink(self, dir, name, target) -> tuple[object, Stat]: raise NotImplementedError
     async def link(self, node, dir, name) -> tuple[object, Stat]: raise NotImplementedError
     async def unlink(self, dir, name) -> None: raise NotImplementedError
     async def rmdir(self, dir, name) -> None: raise NotImplementedError
     async def rename(self, dir, name, newdir, newname, flags) -> None: raise NotImplementedError
     async def open(self, node, flags) -> object: raise NotImplementedError
 
-    async def create(self, dir, name, flags, mode, owner) -> tuple[object, Stat, object]:
+    async def create(self, dir, name, flags, mode) -> tuple[object, Stat, object]:
         raise NotImplementedError
 
     async def read(self, file, offset, size) -> bytes: raise NotImplementedError

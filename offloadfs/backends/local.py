@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlparse
 
 import trio
 
-from .base import Backend, DirItem, FsStat, NotSupported, Stat
+from .base import CALLER, Backend, DirItem, FsStat, NotSupported, Stat
 
 FICLONERANGE = 0x4020940D  # _IOW(0x94, 13, struct file_clone_range)
 AT_EMPTY_PATH = 0x1000
@@ -139,27 +139,28 @@ class LocalBackend(Backend):
     async def readlink(self, node):
         return os.readlink(b"", dir_fd=node.fd)
 
-    def _own(self, dir, name, owner):
+    def _own(self, dir, name):
         """New entries belong to the caller, as on a local filesystem (the daemon runs as root)."""
-        if os.geteuid() == 0 and owner[0] != 0:
-            gid = owner[1]
+        caller = CALLER.get()
+        if os.geteuid() == 0 and caller.uid != 0:
+            gid = caller.gid
             if os.fstat(dir.fd).st_mode & stat.S_ISGID:
                 gid = -1  # a setgid directory already chose the group
-            os.chown(name, owner[0], gid, dir_fd=dir.fd, follow_symlinks=False)
+            os.chown(name, caller.uid, gid, dir_fd=dir.fd, follow_symlinks=False)
 
-    async def mknod(self, dir, name, mode, rdev, owner):
+    async def mknod(self, dir, name, mode, rdev):
         os.mknod(name, mode, rdev, dir_fd=dir.fd)
-        self._own(dir, name, owner)
+        self._own(dir, name)
         return self._node(dir, name)
 
-    async def mkdir(self, dir, name, mode, owner):
+    async def mkdir(self, dir, name, mode):
         os.mkdir(name, mode, dir_fd=dir.fd)
-        self._own(dir, name, owner)
+        self._own(dir, name)
         return self._node(dir, name)
 
-    async def symlink(self, dir, name, target, owner):
+    async def symlink(self, dir, name, target):
         os.symlink(target, name, dir_fd=dir.fd)
-        self._own(dir, name, owner)
+        self._own(dir, name)
         return self._node(dir, name)
 
     async def link(self, node, dir, name):
@@ -182,10 +183,10 @@ class LocalBackend(Backend):
         flags &= ~(os.O_CREAT | os.O_EXCL | os.O_NOCTTY | os.O_NOFOLLOW)
         return File(os.open(node.proc, flags | os.O_CLOEXEC))
 
-    async def create(self, dir, name, flags, mode, owner):
+    async def create(self, dir, name, flags, mode):
         fd = os.open(name, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir.fd)
         try:
-            self._own(dir, name, owner)
+            self._own(dir, name)
             node, st = self._node(dir, name)
         except BaseException:
             os.close(fd)

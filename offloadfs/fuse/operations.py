@@ -84,6 +84,10 @@ class Operations:
     def forget(self, nodeid: int, nlookup: int) -> None:
         """The kernel dropped ``nlookup`` references to ``nodeid``."""
 
+    def begin(self, ctx: Ctx) -> None:
+        """A request for ``ctx`` starts in the current trio task (each request has its own): state
+        that lasts for the request, such as whom it acts for, can be set here in context variables."""
+
     async def lookup(self, ctx, parent, name) -> Entry: _nosys()
     async def getattr(self, ctx, nodeid, fh) -> tuple[object, float]: _nosys()
     async def setattr(self, ctx, nodeid, changes: SetAttr) -> tuple[object, float]: _nosys()

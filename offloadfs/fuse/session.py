@@ -148,6 +148,7 @@ class Session:
         try:
             with scope:
                 try:
+                    self.ops.begin(ctx)
                     out = await handler(self, ctx, nodeid, body)
                 except OSError as e:
                     self.reply_error(unique, e.errno or errno.EIO)

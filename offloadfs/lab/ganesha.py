@@ -56,7 +56,7 @@ EXPORT {{
     Path = {path};
     Pseudo = {export};
     Access_Type = RW;
-    Squash = No_Root_Squash;
+    Squash = {squash};
     Protocols = 4;
     Transports = TCP;
     # Tests change files behind the server's back; never serve stale attributes.
@@ -142,17 +142,20 @@ class GaneshaServer(ServerProcess):
 
 
 @contextlib.contextmanager
-def ganesha_server(path, net=None, port=PORT):
+def ganesha_server(path, net=None, port=PORT, root_squash=False):
     """Yield a running GaneshaServer exporting directory `path` as /export.
 
     With a lab Namespace `net` ganesha runs inside it and binds its server
-    address; without, it binds 127.0.0.1. The process is gone on exit.
+    address; without, it binds 127.0.0.1. With `root_squash` root's requests
+    become nobody's, as on most real exports. The process is gone on exit.
     """
     host = net.server_addr if net else "127.0.0.1"
     with tempfile.TemporaryDirectory(prefix="offloadfs-ganesha-") as tmp:
         workdir = Path(tmp)
         (workdir / "recovery").mkdir()
-        (workdir / "ganesha.conf").write_text(CONFIG.format(host=host, port=port, dir=workdir, path=path, export=EXPORT))
+        (workdir / "ganesha.conf").write_text(CONFIG.format(
+            host=host, port=port, dir=workdir, path=path, export=EXPORT,
+            squash="Root_Squash" if root_squash else "No_Root_Squash"))
         server = GaneshaServer(Path(path), host, port, net, workdir)
         try:
             server.start()
@@ -162,15 +165,15 @@ def ganesha_server(path, net=None, port=PORT):
 
 
 @contextlib.contextmanager
-def ganesha_lab(rate=None, servers=1, kind="xfs"):
+def ganesha_lab(rate=None, servers=1, kind="xfs", root_squash=False):
     """Yield a Lab of `servers` ganeshas, each in its own namespace (link
     shaped to `rate` if given) exporting a directory on a fresh `kind` loop
-    filesystem."""
+    filesystem, root squashed if `root_squash`."""
     with contextlib.ExitStack() as stack:
         started = []
         for _ in range(servers):
             net = stack.enter_context(server_namespace(rate))
             root = stack.enter_context(loop_filesystem(kind))
             (root / "export").mkdir()
-            started.append(stack.enter_context(ganesha_server(root / "export", net)))
+            started.append(stack.enter_context(ganesha_server(root / "export", net, root_squash=root_squash)))
         yield Lab(started)

@@ -13,9 +13,10 @@ user.* extended attributes (RFC 8276).
 An operation a server answers NOTSUPP is remembered for that server, so the
 next request moves on at once.
 
-What creates a file, directory or link is sent with the caller's uid/gid
-(AUTH_SYS), so the server makes it theirs and checks their permissions;
-everything else goes as root.
+Requests go with the AUTH_SYS credential of the user they act for (CALLER:
+the requester, or for an open file whoever opened it), so the server makes
+new files theirs and checks their permissions, and a root-squashing export
+lets users reach their own files.  Keeping the session alive goes as root.
 """
 import errno
 import itertools
@@ -26,7 +27,7 @@ import stat
 import trio
 
 from .. import SourceError
-from ..base import Backend, DirItem, FsStat, NotSupported, Stat
+from ..base import CALLER, Backend, DirItem, FsStat, NotSupported, Stat
 from ..parallel import copy_spans, together
 from . import attrs, errors, ops, rpc, url
 from .errors import NFSError
@@ -90,9 +91,10 @@ def _access(flags):
     return {os.O_RDONLY: ops.SHARE_ACCESS_READ, os.O_WRONLY: ops.SHARE_ACCESS_WRITE}.get(mode, ops.SHARE_ACCESS_BOTH)
 
 
-def _cred(owner):
-    uid, gid = owner
-    return rpc.auth_sys(uid, gid, [gid])
+def _cred():
+    """AUTH_SYS for the user the current request acts for."""
+    caller = CALLER.get()
+    return rpc.auth_sys(caller.uid, caller.gid, caller.groups())
 
 
 class NFSBackend(Backend):
@@ -113,7 +115,7 @@ class NFSBackend(Backend):
     # -- plumbing ------------------------------------------------------------------------
 
     async def _call(self, op_list, **kw):
-        return await self.client.compound(op_list, **kw)
+        return await self.client.compound(op_list, cred=_cred(), **kw)
 
     def _stat(self, v):
         rawdev = v.get(attrs.RAWDEV, (0, 0))
@@ -255,29 +257,28 @@ class NFSBackend(Backend):
         _, target = await self._call([ops.PutFH(node.fh), ops.ReadLink()])
         return target
 
-    async def _create(self, dir, owner, op):
-        res = await self._call([ops.PutFH(dir.fh), op, ops.GetFH(), ops.GetAttr(self.stat_attrs)],
-                               cred=_cred(owner), cache=True)
+    async def _create(self, dir, op):
+        res = await self._call([ops.PutFH(dir.fh), op, ops.GetFH(), ops.GetAttr(self.stat_attrs)], cache=True)
         return self._node_stat(res[-2], res[-1])
 
-    async def mknod(self, dir, name, mode, rdev, owner):
+    async def mknod(self, dir, name, mode, rdev):
         fmt = stat.S_IFMT(mode)
         if fmt == stat.S_IFREG:
-            node, st, file = await self.create(dir, name, os.O_WRONLY | os.O_EXCL, mode, owner)
+            node, st, file = await self.create(dir, name, os.O_WRONLY | os.O_EXCL, mode)
             await self.release(file)
             return node, st
         types = {stat.S_IFIFO: attrs.NF4FIFO, stat.S_IFSOCK: attrs.NF4SOCK,
                  stat.S_IFCHR: attrs.NF4CHR, stat.S_IFBLK: attrs.NF4BLK}
         if fmt not in types:
             raise OSError(errno.EINVAL, "unknown file type")
-        return await self._create(dir, owner, ops.Create(types[fmt], name, {attrs.MODE: mode},
-                                                         rdev=(os.major(rdev), os.minor(rdev))))
+        return await self._create(dir, ops.Create(types[fmt], name, {attrs.MODE: mode},
+                                                  rdev=(os.major(rdev), os.minor(rdev))))
 
-    async def mkdir(self, dir, name, mode, owner):
-        return await self._create(dir, owner, ops.Create(attrs.NF4DIR, name, {attrs.MODE: mode}))
+    async def mkdir(self, dir, name, mode):
+        return await self._create(dir, ops.Create(attrs.NF4DIR, name, {attrs.MODE: mode}))
 
-    async def symlink(self, dir, name, target, owner):
-        return await self._create(dir, owner, ops.Create(attrs.NF4LNK, name, {}, link=target))
+    async def symlink(self, dir, name, target):
+        return await self._create(dir, ops.Create(attrs.NF4LNK, name, {}, link=target))
 
     async def link(self, node, dir, name):
         res = await self._call([ops.PutFH(node.fh), ops.SaveFH(), ops.PutFH(dir.fh), ops.Link(name),
@@ -320,7 +321,7 @@ class NFSBackend(Backend):
                 raise
         return file
 
-    async def create(self, dir, name, flags, mode, owner):
+    async def create(self, dir, name, flags, mode):
         file = self._new_file(None, flags)
         values = {attrs.MODE: mode}
         if flags & os.O_TRUNC:
@@ -328,7 +329,7 @@ class NFSBackend(Backend):
         how = ops.GUARDED4 if flags & os.O_EXCL else ops.UNCHECKED4
         generation = self.client.generation
         res = await self._call([ops.PutFH(dir.fh), ops.Open(file.access, file.owner, 0, name, how, values),
-                                ops.GetFH(), ops.GetAttr(self.stat_attrs)], cred=_cred(owner), cache=True)
+                                ops.GetFH(), ops.GetAttr(self.stat_attrs)], cache=True)
         _, opened, fh, values = res
         node, st = self._node_stat(fh, values)
         file.node, file.stateid, file.generation = node, opened.stateid, generation

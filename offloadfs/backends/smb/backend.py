@@ -282,15 +282,15 @@ class SMBBackend(Capabilities, Backend):
     async def readlink(self, node):
         raise OSError(errno.EINVAL, "SMB without unix extensions has no symlinks")
 
-    async def symlink(self, dir, name, target, owner):
+    async def symlink(self, dir, name, target):
         raise OSError(errno.EOPNOTSUPP, "SMB without unix extensions has no symlinks")
 
-    async def mknod(self, dir, name, mode, rdev, owner):
+    async def mknod(self, dir, name, mode, rdev):
         if not stat.S_ISREG(mode):
             raise OSError(errno.EOPNOTSUPP, "SMB without unix extensions has only files and directories")
         return await self._make(_child(dir, name), m.NON_DIRECTORY_FILE)
 
-    async def mkdir(self, dir, name, mode, owner):
+    async def mkdir(self, dir, name, mode):
         return await self._make(_child(dir, name), m.DIRECTORY_FILE)
 
     async def _make(self, path, options):
@@ -371,7 +371,7 @@ class SMBBackend(Capabilities, Backend):
         _add_writer(file)
         return file
 
-    async def create(self, dir, name, flags, mode, owner):
+    async def create(self, dir, name, flags, mode):
         self._listed.clear()
         path = _child(dir, name)
         if flags & os.O_EXCL:
