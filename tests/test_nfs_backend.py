@@ -325,6 +325,41 @@ async def test_restarted_server_open_files_are_reopened(lab, place, caplog):
     assert "sending them again" in caplog.text  # the new write verifier sent the old unstable write again
 
 
+@pytest.fixture(scope="module")
+def graceful_lab():
+    """A ganesha that, like real servers, keeps a grace period after a restart."""
+    from offloadfs.lab.ganesha import ganesha_lab
+    with ganesha_lab(grace=20) as lab:
+        yield lab.server
+
+
+async def test_open_files_are_reclaimed_in_the_grace_period(graceful_lab):
+    """A plain OPEN would wait the grace period out; CLAIM_PREVIOUS takes the file back at once."""
+    lab = graceful_lab
+    (lab.path / "r").mkdir(mode=0o777)
+    async with mounted(f"nfs://{lab.host}/export/r") as (b, root):
+        node, f = await make(b, root, b"f", b"0123456789")
+        await b.fsync(f, False)
+        opens = []
+        try_slot = b.client._try_slot
+
+        async def record(conn, table, sessionid, slot, op_list, *rest):
+            opens.extend(op for op in op_list if isinstance(op, ops.Open))
+            return await try_slot(conn, table, sessionid, slot, op_list, *rest)
+
+        b.client._try_slot = record
+        await trio.to_thread.run_sync(lab.kill)
+        await trio.to_thread.run_sync(lab.start)
+        started = trio.current_time()
+        assert await b.read(f, 0, 4) == b"0123"
+        await b.write(f, 10, b"abc")
+        await b.fsync(f, False)
+        print(f"\nserving again {trio.current_time() - started:.1f} s after the restart (grace period: 20 s)")
+        assert [op.reclaim for op in opens] == [True]  # taken back, never reopened
+        await b.release(f)
+    assert (lab.path / "r" / "f").read_bytes() == b"0123456789abc"
+
+
 async def test_soft_mount_gives_up(lab, place):
     url, _ = place
     async with mounted(url, soft=True, timeo="5", retrans="1") as (b, root):

@@ -244,6 +244,9 @@ def test_open_encodes_no_delegation_wish_and_claim():
     assert p.bytes().endswith(packed(("u32", 1), ("u32", ops.GUARDED4), ("bitmap", 1 << attrs.MODE),
                                      ("opaque", packed(("u32", 0o640))), ("u32", ops.CLAIM_NULL),
                                      ("opaque", b"new")))
+    p = Packer()
+    ops.Open(ops.SHARE_ACCESS_READ, b"owner", 42, reclaim=True).encode(p)
+    assert p.bytes().endswith(packed(("u32", 0), ("u32", ops.CLAIM_PREVIOUS), ("u32", ops.DELEG_NONE)))
 
 
 def test_copy_results():

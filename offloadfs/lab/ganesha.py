@@ -43,7 +43,7 @@ NFS_CORE_PARAM {{
 }}
 NFSV4 {{
     Minor_Versions = 1, 2;
-    Graceless = true;
+    {grace}
     RecoveryBackend = fs;
     RecoveryRoot = {dir}/recovery;
 }}
@@ -142,12 +142,14 @@ class GaneshaServer(ServerProcess):
 
 
 @contextlib.contextmanager
-def ganesha_server(path, net=None, port=PORT, root_squash=False):
+def ganesha_server(path, net=None, port=PORT, root_squash=False, grace=None):
     """Yield a running GaneshaServer exporting directory `path` as /export.
 
     With a lab Namespace `net` ganesha runs inside it and binds its server
     address; without, it binds 127.0.0.1. With `root_squash` root's requests
-    become nobody's, as on most real exports. The process is gone on exit.
+    become nobody's, as on most real exports. Without `grace` (seconds) a
+    restarted server has no grace period: clients cannot reclaim, nor wait.
+    The process is gone on exit.
     """
     host = net.server_addr if net else "127.0.0.1"
     with tempfile.TemporaryDirectory(prefix="offloadfs-ganesha-") as tmp:
@@ -155,7 +157,9 @@ def ganesha_server(path, net=None, port=PORT, root_squash=False):
         (workdir / "recovery").mkdir()
         (workdir / "ganesha.conf").write_text(CONFIG.format(
             host=host, port=port, dir=workdir, path=path, export=EXPORT,
-            squash="Root_Squash" if root_squash else "No_Root_Squash"))
+            squash="Root_Squash" if root_squash else "No_Root_Squash",
+            grace="Graceless = true;" if grace is None else
+                  f"Graceless = false; Grace_Period = {grace}; Lease_Lifetime = {grace};"))
         server = GaneshaServer(Path(path), host, port, net, workdir)
         try:
             server.start()
@@ -165,15 +169,15 @@ def ganesha_server(path, net=None, port=PORT, root_squash=False):
 
 
 @contextlib.contextmanager
-def ganesha_lab(rate=None, servers=1, kind="xfs", root_squash=False):
+def ganesha_lab(rate=None, servers=1, kind="xfs", root_squash=False, grace=None):
     """Yield a Lab of `servers` ganeshas, each in its own namespace (link
     shaped to `rate` if given) exporting a directory on a fresh `kind` loop
-    filesystem, root squashed if `root_squash`."""
+    filesystem; `root_squash` and `grace` as for ganesha_server."""
     with contextlib.ExitStack() as stack:
         started = []
         for _ in range(servers):
             net = stack.enter_context(server_namespace(rate))
             root = stack.enter_context(loop_filesystem(kind))
             (root / "export").mkdir()
-            started.append(stack.enter_context(ganesha_server(root / "export", net, root_squash=root_squash)))
+            started.append(stack.enter_context(ganesha_server(root / "export", net, root_squash=root_squash, grace=grace)))
         yield Lab(started)

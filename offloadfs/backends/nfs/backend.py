@@ -70,13 +70,14 @@ class Node:
 
 class File:
     """An open file: its open stateid and the unstable writes not yet committed."""
-    __slots__ = ("node", "access", "owner", "stateid", "generation", "dirty", "dirty_bytes", "lock",
+    __slots__ = ("node", "access", "owner", "caller", "stateid", "generation", "dirty", "dirty_bytes", "lock",
                  "sparse", "sparse_until")
 
     def __init__(self, node, access, owner):
         self.node = node
         self.access = access
         self.owner = owner
+        self.caller = CALLER.get()  # who opened it: a reclaim after a server restart goes as them
         self.stateid = None
         self.generation = -1
         self.dirty = []  # (offset, data, write verifier)
@@ -177,6 +178,7 @@ class NFSBackend(Backend):
         generation = self.client.generation
         [_, opened] = await self._call([ops.PutFH(file.node.fh), ops.Open(file.access, file.owner, 0)])
         file.stateid, file.generation = opened.stateid, generation
+        self.client.open_files.add(file)
         self._decline(file.node.fh, opened)
 
     def _decline(self, fh, opened):
@@ -333,6 +335,7 @@ class NFSBackend(Backend):
         _, opened, fh, values = res
         node, st = self._node_stat(fh, values)
         file.node, file.stateid, file.generation = node, opened.stateid, generation
+        self.client.open_files.add(file)
         self._decline(fh, opened)
         return node, st, file
 
@@ -466,6 +469,7 @@ class NFSBackend(Backend):
         try:
             await self._commit(file)
         finally:
+            self.client.open_files.discard(file)
             if file.stateid is not None and file.generation == self.client.generation:
                 try:
                     await self._call([ops.PutFH(file.node.fh), ops.Close(file.stateid)])

@@ -36,7 +36,7 @@ STABLE_HOW = (UNSTABLE4, DATA_SYNC4, FILE_SYNC4)
 SHARE_ACCESS_READ, SHARE_ACCESS_WRITE, SHARE_ACCESS_BOTH = 1, 2, 3
 SHARE_WANT_NO_DELEG = 0x400
 UNCHECKED4, GUARDED4 = 0, 1
-CLAIM_NULL, CLAIM_FH = 0, 4
+CLAIM_NULL, CLAIM_PREVIOUS, CLAIM_FH = 0, 1, 4
 DELEG_NONE, DELEG_READ, DELEG_WRITE, DELEG_NONE_EXT = 0, 1, 2, 3
 NFS4_CONTENT_DATA, NFS4_CONTENT_HOLE = 0, 1
 NL4_NAME, NL4_URL, NL4_NETADDR = 1, 2, 3
@@ -273,7 +273,8 @@ class Opened:
 
 @dataclass
 class Open(Op):
-    """OPEN by filehandle (CLAIM_FH, ``name`` None) or by name in a directory, creating it if ``create``.
+    """OPEN by filehandle (CLAIM_FH, ``name`` None) or by name in a directory, creating it if ``create``;
+    with ``reclaim``, an open held before the server restarted (CLAIM_PREVIOUS, by filehandle).
 
     O_EXCL is GUARDED4 with the reply cached for a resend (EXCLUSIVE4_1 would survive a server
     restart between the create and its resend too, but sets attributes in a second round trip).
@@ -284,6 +285,7 @@ class Open(Op):
     name: bytes | None = None
     create: int | None = None  # UNCHECKED4 / GUARDED4
     values: dict = field(default_factory=dict)
+    reclaim: bool = False
     num = OP_OPEN
 
     def encode(self, p):
@@ -298,7 +300,10 @@ class Open(Op):
             p.u32(1)
             p.u32(self.create)
             attrs.encode(p, self.values)
-        if self.name is None:
+        if self.reclaim:
+            p.u32(CLAIM_PREVIOUS)
+            p.u32(DELEG_NONE)  # no delegation was held
+        elif self.name is None:
             p.u32(CLAIM_FH)
         else:
             p.u32(CLAIM_NULL)

@@ -120,6 +120,8 @@ class Client:
         self.refused_sources = set()  # (host, port) of servers it could not pull from
         self.address = None  # (ip, port) we reach the server at: how COPY_NOTIFY names it
         self.offloads = {}  # copy stateid "other" -> _Offload
+        self.open_files = set()  # the backends' files with open state, reclaimed after a server restart
+        self._reclaiming = False  # a new client ID has not yet reclaimed and sent RECLAIM_COMPLETE
         self._ended = {}  # stateid "other" of copies no longer waited for (insertion-ordered, capped)
         self.users = 0
         self._verifier = os.urandom(8)
@@ -244,7 +246,15 @@ class Client:
         return results[0]
 
     async def _recover(self):
-        """Get a usable connection and session, going only as far back as needed."""
+        """Get a usable connection and session, going only as far back as needed; after a new
+        client ID, take the open files back and end our part of the grace period."""
+        await self._reestablish()
+        if self._reclaiming:
+            await self._reclaim()
+            await self._reclaim_complete()
+            self._reclaiming = False
+
+    async def _reestablish(self):
         fresh = self.conn is None or self.conn.closed
         if fresh:
             self.conn = await self._connect()
@@ -266,7 +276,7 @@ class Client:
             except NFSError as e:
                 if e.status not in (errors.STALE_CLIENTID, errors.EXPIRED):
                     raise
-                log.warning("NFS server %s forgot us (restarted or lease expired): reopening files",
+                log.warning("NFS server %s forgot us (restarted or lease expired): taking open files back",
                             self.settings.host)
                 self.clientid = None
                 self.generation += 1
@@ -278,7 +288,35 @@ class Client:
                               f"{self.settings.minorversion} (try minorversion=1)") from None
             raise
         self.clientid, self.create_seq = res.clientid, res.sequenceid
+        self._reclaiming = True
         await self._create_session()
+
+    async def _reclaim(self):
+        """Take the open files back (CLAIM_PREVIOUS) while the restarted server's grace period
+        keeps their state for us: a plain OPEN would have to wait the grace period out (90 s on
+        Linux).  A file the server does not give back is reopened as usual when next used."""
+        for file in list(self.open_files):
+            if file.generation == self.generation:
+                continue  # taken back before the connection dropped
+            caller = file.caller
+            try:
+                [_, opened] = await self._sequenced(
+                    [ops.PutFH(file.node.fh), ops.Open(file.access, file.owner, 0, reclaim=True)],
+                    cred=rpc.auth_sys(caller.uid, caller.gid, caller.groups()))
+            except NFSError as e:
+                log.info("NFS server %s did not give an open file back (%s)", self.settings.host, e.strerror)
+                if e.status == errors.NO_GRACE:
+                    return  # no grace period (the lease expired, or the server keeps none): no reclaims
+                continue
+            except _Again as e:
+                if e.wait:
+                    continue
+                raise rpc.ConnectionLost("lost the connection or session while reclaiming") from None
+            file.stateid, file.generation = opened.stateid, self.generation
+            if opened.delegation is not None:
+                self.return_delegation(opened.delegation, file.node.fh)
+
+    async def _reclaim_complete(self):
         for _ in range(10):
             try:
                 await self._sequenced([ops.ReclaimComplete()])
