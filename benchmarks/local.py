@@ -64,9 +64,10 @@ def stat_us(paths):
 
 
 def throughput(backing, size):
-    """{label: (write MiB/s, read MiB/s)} for the backing dir and two mounts."""
+    """{label: (write MiB/s, read MiB/s)} for the backing dir and three mounts."""
     results = {"backing": (write_mibs(backing / "tp", size), read_mibs(backing / "tp"))}
-    for label, options in (("offloadfs", []), ("offloadfs passthrough", ["passthrough"])):
+    for label, options in (("offloadfs", []), ("offloadfs writeback_cache", ["writeback_cache"]),
+                           ("offloadfs passthrough", ["passthrough"])):
         with offloadfs_mount(backing, options=options) as mnt:
             results[label] = (write_mibs(mnt / "tp", size), read_mibs(mnt / "tp"))
     os.unlink(backing / "tp")

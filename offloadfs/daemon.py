@@ -17,7 +17,7 @@ from .stats import Stats
 log = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt(3)
-READAHEAD_KIB = 1024  # one max_write: sequential reads arrive as 1 MiB READs
+READAHEAD_KIB = 4096  # sequential reads arrive as 1 MiB READs, several ahead of the reader (+14 % on tmpfs)
 
 
 def keep_buffers_on_the_heap():
