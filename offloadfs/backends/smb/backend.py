@@ -32,6 +32,9 @@ from .errors import status_error, status_of
 
 RENAME_NOREPLACE = 1
 LIST_BUFFER = 65536
+# READ/WRITE size, below Samba's 8 MiB maximum: large reads and writes go as several at once, so the
+# server handles one while the next crosses the link (1 Gbit lab: sequential 8 MiB writes 65 -> 104 MB/s).
+PIECE = 1 << 20
 LISTED_FOR = 1.0  # seconds a directory listing answers lookups (READDIRPLUS looks up every entry)
 BAD_NAME_CHARS = frozenset('\\:*?"<>|')  # a path separator, a stream name, wildcards
 
@@ -405,7 +408,7 @@ class SMBBackend(Capabilities, Backend):
 
     async def read(self, file, offset, size):
         """The data as a memoryview into the response (no copy), short only at end of file."""
-        step = self.client.io_size
+        step = min(self.client.io_size, PIECE)
         if size <= step:
             return await self._read(file, offset, size)
         pieces = await together([functools.partial(self._read, file, offset + start, min(step, size - start))
@@ -434,7 +437,7 @@ class SMBBackend(Capabilities, Backend):
         """
         self._listed.clear()
         view = memoryview(data)
-        step = self.client.io_size
+        step = min(self.client.io_size, PIECE)
 
         async def piece(start, end):
             while start < end:
