@@ -12,10 +12,12 @@ request (a range that is not aligned, two files on different filesystems),
 and the planner moves on to the next method.
 """
 import contextvars
+import time
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 GROUPS_MAX = 16  # what AUTH_SYS carries
+GROUPS_TTL = 1.0  # seconds a process's groups read from /proc serve its next requests
 
 
 class NotSupported(Exception):
@@ -33,17 +35,31 @@ class Caller:
     _groups: list | None = field(default=None, repr=False)
 
     def groups(self):
-        """The primary and supplementary groups.  The kernel sends no supplementary groups, so
-        they come from /proc, as libfuse's fuse_req_getgroups does; read once, when first asked."""
+        """The primary group, then the supplementary ones, which the kernel does not send: they
+        come from /proc, as libfuse's fuse_req_getgroups does, read once a second per process."""
         if self._groups is None:
-            self._groups = [self.gid]
-            try:
-                with open(f"/proc/{self.pid}/status", "rb") as f:
-                    line = next((l for l in f if l.startswith(b"Groups:")), b"Groups:")
-            except OSError:
-                line = b"Groups:"  # the process is gone (or pid 0: the kernel's own request)
-            self._groups += [g for g in map(int, line.split()[1:]) if g != self.gid][:GROUPS_MAX - 1]
+            self._groups = [self.gid] + [g for g in _proc_groups(self.pid) if g != self.gid][:GROUPS_MAX - 1]
         return self._groups
+
+
+_groups_read = {}  # pid -> (when, supplementary groups)
+
+
+def _proc_groups(pid):
+    now = time.monotonic()
+    when, groups = _groups_read.get(pid, (0.0, None))
+    if groups is not None and now - when < GROUPS_TTL:
+        return groups
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            line = next((l for l in f if l.startswith(b"Groups:")), b"Groups:")
+        groups = [int(g) for g in line.split()[1:]]
+    except OSError:
+        groups = []  # the process is gone (or pid 0: the kernel's own request)
+    if len(_groups_read) > 1024:
+        _groups_read.clear()
+    _groups_read[pid] = (now, groups)
+    return groups
 
 
 CALLER = contextvars.ContextVar("CALLER", default=Caller(0, 0))

@@ -92,12 +92,6 @@ def _access(flags):
     return {os.O_RDONLY: ops.SHARE_ACCESS_READ, os.O_WRONLY: ops.SHARE_ACCESS_WRITE}.get(mode, ops.SHARE_ACCESS_BOTH)
 
 
-def _cred():
-    """AUTH_SYS for the user the current request acts for."""
-    caller = CALLER.get()
-    return rpc.auth_sys(caller.uid, caller.gid, caller.groups())
-
-
 class NFSBackend(Backend):
     OPTIONS = url.OPTIONS
 
@@ -116,7 +110,7 @@ class NFSBackend(Backend):
     # -- plumbing ------------------------------------------------------------------------
 
     async def _call(self, op_list, **kw):
-        return await self.client.compound(op_list, cred=_cred(), **kw)
+        return await self.client.compound(op_list, cred=rpc.caller_cred(CALLER.get()), **kw)
 
     def _stat(self, v):
         rawdev = v.get(attrs.RAWDEV, (0, 0))

@@ -51,6 +51,11 @@ def auth_sys(uid, gid, gids=(), machine=b"offloadfs"):
     return (AUTH_SYS_FLAVOR, p.bytes())
 
 
+def caller_cred(caller):
+    """AUTH_SYS for a backends.base.Caller: their uid, primary and supplementary groups."""
+    return auth_sys(caller.uid, caller.gid, caller.groups())
+
+
 def _auth(u):
     flavor = u.u32()
     return flavor, u.opaque(MAX_AUTH_BYTES, "auth body")

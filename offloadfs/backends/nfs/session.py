@@ -298,11 +298,10 @@ class Client:
         for file in list(self.open_files):
             if file.generation == self.generation:
                 continue  # taken back before the connection dropped
-            caller = file.caller
             try:
                 [_, opened] = await self._sequenced(
                     [ops.PutFH(file.node.fh), ops.Open(file.access, file.owner, 0, reclaim=True)],
-                    cred=rpc.auth_sys(caller.uid, caller.gid, caller.groups()))
+                    cred=rpc.caller_cred(file.caller))
             except NFSError as e:
                 log.info("NFS server %s did not give an open file back (%s)", self.settings.host, e.strerror)
                 if e.status == errors.NO_GRACE:
