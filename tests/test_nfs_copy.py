@@ -241,9 +241,8 @@ def spans_backend(answer):
 def test_large_copies_keep_several_copies_in_flight():
     async def main():
         b = spans_backend(lambda offset, count: count)
-        start = trio.current_time()
         assert await b.server_copy(FakeFile, 0, FakeFile, 0, 1 << 40) == COPIES_IN_FLIGHT * COPY_PER_CALL
-        assert b.peak == COPIES_IN_FLIGHT and trio.current_time() - start == 1
+        assert b.peak == COPIES_IN_FLIGHT
         b.peak = 0
         assert await b.server_copy(FakeFile, 0, FakeFile, 0, COPY_PER_CALL + 5) == COPY_PER_CALL + 5
         assert b.peak == 2
