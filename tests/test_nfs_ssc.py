@@ -8,6 +8,7 @@ it is cached), through the backend and through a real mount.
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 
 import pytest
@@ -22,6 +23,7 @@ from offloadfs.backends.nfs.compound import Offload
 from offloadfs.backends.nfs.errors import NFSError
 from offloadfs.backends.nfs.session import Client, Settings
 from offloadfs.backends.nfs.xdr import Packer, Unpacker
+from offloadfs.lab import freeze
 from offloadfs.planner import Endpoint, Planner
 from offloadfs.stats import Stats
 
@@ -299,6 +301,43 @@ class TestTwoGuests:
             while done < len(data):
                 done += await b.inter_server_copy(a, src, done, dst, done, len(data) - done)
             assert await b.read(dst, 0, len(data)) == data
+            await a.release(src)
+            await b.release(dst)
+
+    async def test_copy_cancelled_before_its_reply_stops_too(self, lab, urls):
+        """Interrupted before the destination answers the COPY, there is no copy stateid to cancel,
+        but withdrawing the source's permission ends the copy.  The destination guest is paused
+        while the COPY is out, so that its answer cannot come first."""
+        data = os.urandom(1 << 20) * 64
+        a_url, b_url = urls
+        qemu = lab.guests[1].process.pid
+        async with mounted(a_url) as (a, a_root), mounted(b_url) as (b, b_root):
+            _, src = await make(a, a_root, b"early", data)
+            dst_node, dst = await make(b, b_root, b"early-copy")
+            call = b._call
+
+            async def pause_on_copy(op_list, **kw):
+                if isinstance(op_list[-1], ops.Copy):
+                    await trio.to_thread.run_sync(freeze, qemu)
+                    nursery.start_soon(cancel_soon)
+                return await call(op_list, **kw)
+
+            async def cancel_soon():
+                await trio.sleep(0.5)
+                nursery.cancel_scope.cancel()
+
+            b._call = pause_on_copy
+            try:
+                async with trio.open_nursery() as nursery:
+                    await b.inter_server_copy(a, src, 0, dst, 0, len(data))
+                    raise AssertionError("the COPY was answered by a paused server")
+            finally:
+                os.kill(qemu, signal.SIGCONT)
+            b._call = call
+            await trio.sleep(15)  # a copy left running does these 64 MiB in a few seconds
+            size = (await b.getattr(dst_node, dst)).size
+            print(f"\n{size >> 20} MiB copied after a cancel before the COPY reply")
+            assert size < len(data), "the servers copied on after the cancel"
             await a.release(src)
             await b.release(dst)
 
