@@ -579,11 +579,11 @@ class NFSBackend(Backend):
         COPYs side by side (a server runs each in its own thread); the count returned is the part
         done without a gap from the start, and the planner goes on from there."""
         self._supported(ops.OP_COPY, "COPY")
-        if length <= COPY_PER_CALL or not self.client.async_copies:
-            return await self._copy(src_file, src_offset, dst_file, dst_offset, min(length, COPY_PER_CALL))
+        # Synchronous COPYs come back short (nfsd: 4 MiB), which would cut the spans after them off.
+        spans = COPIES_IN_FLIGHT if self.client.async_copies else 1
         return await copy_spans(
             lambda start, count: self._copy(src_file, src_offset + start, dst_file, dst_offset + start, count),
-            min(length, COPIES_IN_FLIGHT * COPY_PER_CALL), COPY_PER_CALL)
+            min(length, spans * COPY_PER_CALL), COPY_PER_CALL)
 
     async def _copy(self, src_file, src_offset, dst_file, dst_offset, count):
         """One COPY of ``count`` bytes (the server may copy fewer), committed."""
