@@ -4,7 +4,6 @@ ganesha answers COPY and CLONE with NOTSUPP (the fallback path), answers
 READ_PLUS with nonsense (the READ fallback), and does SEEK, ALLOCATE and
 DEALLOCATE.  Linux nfsd (real COPY/CLONE) lives in test_nfs_nfsd.py.
 """
-import contextlib
 import errno
 import itertools
 import os
@@ -15,7 +14,9 @@ import stat
 import pytest
 import trio
 
-from offloadfs.backends import SourceError, open_backend
+from backendkit import make, mounted
+
+from offloadfs.backends import SourceError
 from offloadfs.backends.base import CALLER, Caller, NotSupported
 from offloadfs.backends.nfs import ops
 from offloadfs.lab import freeze
@@ -45,23 +46,6 @@ def place(lab):
     path.mkdir(mode=0o777)
     path.chmod(0o777)
     return f"nfs://{lab.host}/export/{name}", path
-
-
-@contextlib.asynccontextmanager
-async def mounted(url, **options):
-    backend = open_backend(url, options)
-    try:
-        root, st = await backend.root()
-        yield backend, root
-    finally:
-        await backend.close()
-
-
-async def make(b, root, name, data=b""):
-    node, _, f = await b.create(root, name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-    if data:
-        assert await b.write(f, 0, data) == len(data)
-    return node, f
 
 
 # -- connecting ---------------------------------------------------------------------------

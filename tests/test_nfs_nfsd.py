@@ -4,7 +4,6 @@ nfsd answers COPY synchronously up to 4 MiB a call and asynchronously with
 CB_OFFLOAD on our back channel; CLONE shares extents; SEEK and READ_PLUS work.
 Booting the guest takes ~10-20 s under TCG, once for the module.
 """
-import contextlib
 import errno
 import itertools
 import os
@@ -13,7 +12,8 @@ import shutil
 import pytest
 import trio
 
-from offloadfs.backends import open_backend
+from backendkit import make, mounted
+
 from offloadfs.backends.nfs import ops
 from offloadfs.planner import Endpoint, Planner
 from offloadfs.stats import Stats
@@ -41,16 +41,6 @@ def guest():
         lab.__exit__(None, None, None)
 
 
-@contextlib.asynccontextmanager
-async def mounted(url, **options):
-    backend = open_backend(url, options)
-    try:
-        root, _ = await backend.root()
-        yield backend, root
-    finally:
-        await backend.close()
-
-
 @pytest.fixture
 def url(guest):
     """The URL of a fresh directory in the guest's export."""
@@ -62,14 +52,6 @@ def url(guest):
 
     trio.run(make)
     return f"nfs://{guest.host}/export/{name.decode()}"
-
-
-async def make(b, root, name, data=b""):
-    node, _, f = await b.create(root, name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-    if data:
-        await b.write(f, 0, data)
-        await b.fsync(f, False)
-    return node, f
 
 
 async def test_synchronous_copy(url):

@@ -5,7 +5,6 @@ remembered, cancellation), then between two Linux nfsd guests built with
 CONFIG_NFSD_V4_2_INTER_SSC (the first run builds that nfsd, ~1.5 min, then
 it is cached), through the backend and through a real mount.
 """
-import contextlib
 import os
 import shutil
 import signal
@@ -15,7 +14,8 @@ import pytest
 import trio
 import trio.testing
 
-from offloadfs.backends import open_backend
+from backendkit import make, mounted
+
 from offloadfs.backends.base import NotSupported
 from offloadfs.backends.nfs import errors, ops
 from offloadfs.backends.nfs.backend import NFSBackend
@@ -204,24 +204,6 @@ def lab():
         yield servers
     finally:
         lab.__exit__(None, None, None)
-
-
-@contextlib.asynccontextmanager
-async def mounted(url):
-    backend = open_backend(url, {})
-    try:
-        root, _ = await backend.root()
-        yield backend, root
-    finally:
-        await backend.close()
-
-
-async def make(b, root, name, data=b""):
-    node, _, f = await b.create(root, name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-    if data:
-        await b.write(f, 0, data)
-        await b.fsync(f, False)
-    return node, f
 
 
 class TestTwoGuests:

@@ -99,15 +99,9 @@ class GaneshaServer(ServerProcess):
     program = "ganesha.nfsd"
 
     def __init__(self, path, host, port, net, workdir):
+        super().__init__(host, port, net, workdir, "ganesha.conf", "ganesha.log")
         self.path = path
-        self.host = host
-        self.port = port
         self.export = EXPORT
-        self.net = net
-        self.workdir = workdir
-        self.conf = workdir / "ganesha.conf"
-        self.log = workdir / "ganesha.log"
-        self.process = None
 
     def command(self):
         return ["ganesha.nfsd", "-F", "-L", str(self.log), "-f", str(self.conf), "-p", str(self.workdir / "pid")]

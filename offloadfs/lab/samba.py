@@ -147,16 +147,10 @@ class SambaServer(ServerProcess):
     program = "smbd"
 
     def __init__(self, shares, host, net, workdir):
+        super().__init__(host, PORT, net, workdir, "smb.conf", "smbd.log")
         self.shares = shares
-        self.host = host
-        self.port = PORT
-        self.net = net
         self.username = USER
         self.password = PASSWORD
-        self.workdir = workdir
-        self.conf = workdir / "smb.conf"
-        self.log = workdir / "smbd.log"
-        self.process = None
 
     def unc(self, share):
         """The share's \\\\host\\share path for SMB clients."""

@@ -6,11 +6,19 @@ START_TIMEOUT = 10
 
 
 class ServerProcess:
-    """Subclasses give ``program``, ``command()``, ``answers()``, ``stop()``; and ``host``, ``port``,
-    ``net``, ``workdir``, ``log`` attributes."""
+    """Subclasses give ``program``, ``command()``, ``answers()``, ``stop()``."""
 
     program = ""
-    process = None
+
+    def __init__(self, host, port, net, workdir, conf, log):
+        """``conf`` and ``log``: file names in ``workdir``."""
+        self.host = host
+        self.port = port
+        self.net = net
+        self.workdir = workdir
+        self.conf = workdir / conf
+        self.log = workdir / log
+        self.process = None
 
     def command(self):
         raise NotImplementedError
