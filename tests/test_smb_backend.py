@@ -144,14 +144,14 @@ async def test_times_set_while_open_for_writing_outlast_the_close(connect):
         node, _, f = await b.create(d, b"f", CREATE, 0o644)
         g = await b.open(node, os.O_WRONLY)
         r = await b.open(node, os.O_RDONLY)
-        assert node.writers == [f, g]
+        assert node.files == [f, g, r]
         await b.write(f, 0, b"x" * 1000)
         await b.write(g, 0, b"y")  # two handles that wrote: each one's close would stamp
         assert (await b.setattr(node, atime_ns=mtime, mtime_ns=mtime)).mtime_ns == mtime
         await b.write(f, 1000, b"z")
         for h in (f, g, r):
             await b.release(h)
-        assert node.writers == []
+        assert node.files == []
         assert os.stat(path / "f").st_mtime_ns == mtime
 
 
