@@ -158,9 +158,10 @@ def test_what_smb_cannot_store(mount_on):
     assert os.listdir(mnt.backing) == []
 
 
-@pytest.mark.parametrize("share", ["ext4", "ext4-durable"])
-def test_a_file_replaced_while_smbd_was_down_never_gets_our_writes(share, smb, mount_on):
-    """Another client moves the open file away and makes a new one under its name while smbd is down.
+@pytest.mark.parametrize("share,cut", [("ext4", "restart"), ("ext4-durable", "restart"), ("ext4-durable", "drop")])
+def test_a_file_replaced_while_we_were_away_never_gets_our_writes(share, cut, smb, mount_on):
+    """Another client moves the open file away and makes a new one under its name while smbd is down
+    (restart), or while our connection is broken (drop: smbd keeps a durable handle meanwhile).
 
     Our next write must fail with EIO or reach the file we opened: never the new one.
     """
@@ -171,12 +172,16 @@ def test_a_file_replaced_while_smbd_was_down_never_gets_our_writes(share, smb, m
     try:
         os.pwrite(fd, first, 0)
         os.fsync(fd)
-        server.kill()
+        if cut == "restart":
+            server.kill()
+        else:
+            sh("ss", "-K", "dst", server.host, "dport", "=", "445")
         try:
             (mnt.backing / "victim").rename(mnt.backing / "victim.moved")
             (mnt.backing / "victim").write_bytes(b"another client's file")
         finally:
-            server.start()
+            if cut == "restart":
+                server.start()
         failed = []
         for step in (lambda: os.pwrite(fd, second, 64 * 1024), lambda: os.fsync(fd)):
             try:
@@ -246,3 +251,27 @@ def test_fstat_of_an_unlinked_open_file(mount_on):
         f.write(b"678")
         f.flush()
         assert os.fstat(f.fileno()).st_size == 8
+
+
+def test_a_durable_handle_outlives_a_broken_connection(smb, mount_on):
+    """The TCP connection breaks (smbd keeps the durable handle): the writes after it reach our file
+    through the same open, reconnected, not through a new one by path."""
+    mnt = mount_on("smb-ext4-durable")
+    server = smb.lab.server
+
+    def opens():
+        """When each open of f was made, as Samba lists them: a reconnected open keeps its time."""
+        return sorted(o["opened_at"] for entry in smb.open_files(server).values()
+                      if entry.get("filename", "").endswith("/f") for o in entry["opens"].values())
+
+    first, second = os.urandom(64 * 1024), os.urandom(64 * 1024)
+    with open(mnt.path / "f", "w+b") as f:
+        f.write(first)
+        f.flush()
+        os.fsync(f.fileno())
+        before = opens()
+        sh("ss", "-K", "dst", server.host, "dport", "=", "445")
+        os.pwrite(f.fileno(), second, len(first))
+        os.fsync(f.fileno())
+        assert len(before) == 1 and opens() == before
+    assert (mnt.backing / "f").read_bytes() == first + second

@@ -20,6 +20,7 @@ import functools
 import os
 import stat
 import time
+import uuid
 
 import trio
 
@@ -67,13 +68,14 @@ class Node:
 
 
 class File:
-    """An open handle, reopened by path (and access) after a reconnect if the path still names the same file.
+    """An open handle; after a reconnect, reconnected if durable, else reopened by path if that is still the file.
 
     ``born``: the file's creation time, which with the node's file id tells it from a file that replaced it;
-    ``lost``: why it could not be reopened, after which every use fails.
+    ``create_guid``: names the durable handle the server granted (None: not durable); ``lost``: why it could
+    not be reopened, after which every use fails.
     """
-    __slots__ = ("backend", "node", "access", "file_id", "generation", "born", "lost", "sparse", "resume_key",
-                 "key_generation")
+    __slots__ = ("backend", "node", "access", "file_id", "generation", "born", "create_guid", "lost", "sparse",
+                 "resume_key", "key_generation")
 
     def __init__(self, backend, node, access, file_id, generation, born):
         self.backend = backend
@@ -82,6 +84,7 @@ class File:
         self.file_id = file_id
         self.generation = generation
         self.born = born
+        self.create_guid = None
         self.lost = None
         self.sparse = False
         self.resume_key = None
@@ -132,16 +135,26 @@ class SMBBackend(Capabilities, Backend):
         return file.file_id
 
     async def _reopen(self, file):
-        """Open ``file``'s path again, and keep the handle only if it is the file we had.
+        """Reconnect ``file``'s durable handle, else open its path again; keep it only if it is the file we had.
 
         Another client may have renamed our file and made a new one under its
         name while we were away: writes through a handle to that one would land
         in someone else's file, so the handle is lost instead (EIO for good).
+        Samba refuses a durable reconnect then too, and whenever the handle is
+        no longer durable (its oplock broken, smbd restarted).
         """
         generation = self.client.generation
         path = file.node.path
+        options = 0 if file.node.is_dir else m.NON_DIRECTORY_FILE
         try:
-            new, a = await self._open(file.node, _path(file.node), file.access, m.OPEN, 0)
+            try:
+                new, a = await self._open(file.node, _path(file.node), file.access, m.OPEN, options, file)
+            except ConnectionLost:
+                raise
+            except OSError:
+                if file.create_guid is None:
+                    raise
+                new, a = await self._open(file.node, _path(file.node), file.access, m.OPEN, options)
         except ConnectionLost:
             raise
         except OSError as e:
@@ -151,7 +164,7 @@ class SMBBackend(Capabilities, Backend):
             await self.release(new)
             file.lost = f"{path}: lost in a reconnect; the name now belongs to another file"
             raise OSError(errno.EIO, file.lost)
-        file.file_id = new.file_id
+        file.file_id, file.create_guid = new.file_id, new.create_guid
         file.generation = generation
 
     async def _file_call(self, file, msg):
@@ -430,19 +443,36 @@ class SMBBackend(Capabilities, Backend):
         file.node.files.append(file)
         return file.node, self._stat(a), file
 
-    async def _open(self, node, path, access, disposition, options):
+    async def _open(self, node, path, access, disposition, options, reconnect=None):
         """A File and the attributes of what it opened, in one round trip.
 
-        Not interrupted (the request's deadline still applies): a handle the
-        server opened after we stopped listening would stay open until we
-        disconnect, holding off deletes and share modes.
+        Files (not directories) are asked to be durable, which takes a batch
+        oplock (see oplocks.py); ``reconnect``: the File of a lost connection
+        whose durable handle to reconnect instead.  Not interrupted (the
+        request's deadline still applies): a handle the server opened after we
+        stopped listening would stay open until we disconnect, holding off
+        deletes and share modes.
         """
+        guid, oplock, contexts = None, m.NO_OPLOCK, ()
+        if reconnect is not None:
+            guid = reconnect.create_guid
+            oplock, contexts = m.BATCH, [m.durable_reconnect(reconnect.file_id, guid)]
+        elif options & m.NON_DIRECTORY_FILE:
+            guid = uuid.uuid4()
+            oplock, contexts = m.BATCH, [m.durable(guid)]
         with trio.CancelScope(shield=True):
             (status, body), (q_status, query) = await self.client.call(
-                self.share, [m.create(path, access, disposition, options), _query_all()])
+                self.share, [m.create(path, access, disposition, options, oplock=oplock, contexts=contexts),
+                             _query_all()])
             if status != errors.SUCCESS:
                 raise status_error(status, body, path)
-            file = File(self, node, access, wire.CreateResponse.unpack(body).file_id, self.client.generation, 0)
+            created = wire.CreateResponse.unpack(body)
+            file = File(self, node, access, created.file_id, self.client.generation, 0)
+            listener = self.client.oplocks
+            if created.oplock_level != m.NO_OPLOCK and listener.generation == file.generation:
+                listener.hold(file.file_id, self.share)
+            if reconnect is not None or m.DURABLE_V2 in created.contexts:
+                file.create_guid = guid  # a reconnect names no context in its reply
             try:
                 if q_status != errors.SUCCESS:
                     raise status_error(q_status, query, path)
@@ -508,6 +538,7 @@ class SMBBackend(Capabilities, Backend):
             file.node.files.remove(file)
         if file.generation != self.client.generation:
             return  # its connection is gone, and the handle with it
+        self.client.oplocks.release(file.file_id)
         try:
             await self.client.call(self.share, [m.close(file.file_id)], file.generation)
         except ConnectionLost:
