@@ -281,6 +281,22 @@ async def test_a_node_goes_on_by_its_other_names(connect):
         assert e not in b.nodes.values() and e not in b.by_id.values()
 
 
+async def test_paths_end_where_samba_can_still_remove_them(connect):
+    async with connect() as (b, d, path):
+        parent = d
+        while len(parent.path) + 1 + 255 <= smb.backend.MAX_PATH:
+            parent, _ = await b.mkdir(parent, b"d" * 255, 0o755)
+        last = smb.backend.MAX_PATH - len(parent.path) - 1  # bytes left for the last name
+        with pytest.raises(OSError) as e:
+            await b.mkdir(parent, "é".encode() * (last // 2 + 1), 0o755)
+        assert e.value.errno == errno.ENAMETOOLONG
+        deepest, _ = await b.mkdir(parent, b"e" * last, 0o755)
+        assert len(deepest.path.encode()) == smb.backend.MAX_PATH
+        await b.rmdir(parent, b"e" * last)
+        with pytest.raises(FileNotFoundError):  # gone (too deep to look at on the server side)
+            await b.lookup(parent, b"e" * last)
+
+
 async def test_xattrs_are_user_eas(connect):
     async with connect() as (b, d, path):
         f = await make_file(b, d, b"f", b"")

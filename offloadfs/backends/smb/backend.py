@@ -39,8 +39,9 @@ LIST_BUFFER = 65536
 PIECE = 1 << 20
 LISTED_FOR = 1.0  # seconds a directory listing answers lookups (READDIRPLUS looks up every entry)
 BAD_NAME_CHARS = frozenset('\\:*?"<>|')  # a path separator, a stream name, wildcards
-# Longest share path (UTF-8 bytes) we make: Samba creates directories deeper than this but cannot remove them
-# (rmdir answers OBJECT_NAME_INVALID from 4097 bytes on, measured on 4.17), so nothing longer is made or named.
+# Longest share path we make, in UTF-8 bytes (not characters: 2-byte ones fail at the same byte count): Samba
+# 4.17 creates directories deeper than this but answers their rmdir with OBJECT_NAME_INVALID (PATH_MAX, 4096
+# with its NUL), so nothing longer is made or named.  SMB2's own limit, 32767 UTF-16 units, is far beyond.
 MAX_PATH = 4095
 
 
