@@ -1,9 +1,11 @@
 """SMB shares from the Samba lab as places for the mountpoint tests.
 
 One lab serves the whole session: two servers, each with a btrfs (vfs_btrfs),
-an xfs and an ext4 share. A test gets a fresh directory in a share and both
-ways to reach it: the smb:// URL it mounts, and the server-side directory
-behind the share, where results are checked without going through SMB.
+an xfs and an ext4 share, and an ext4-durable share (Samba set to keep
+durable handles across a lost connection) beside the ext4 one. A test gets a
+fresh directory in a share and both ways to reach it: the smb:// URL it
+mounts, and the server-side directory behind the share, where results are
+checked without going through SMB.
 """
 
 import contextlib
@@ -70,9 +72,9 @@ class SmbLab:
 
 
 @contextlib.contextmanager
-def smb_lab(servers=2, kinds=KINDS, rate=None):
+def smb_lab(servers=2, kinds=KINDS, rate=None, durable=("ext4",)):
     """Yield an SmbLab; smbds, namespaces, loop filesystems and the
     credentials file are gone on exit."""
-    with samba_lab(kinds, rate=rate, servers=servers) as lab, tempfile.TemporaryDirectory() as tmp:
+    with samba_lab(kinds, rate=rate, servers=servers, durable=durable) as lab, tempfile.TemporaryDirectory() as tmp:
         credentials = lab.server.write_credentials(Path(tmp, "credentials"))
         yield SmbLab(lab, credentials)

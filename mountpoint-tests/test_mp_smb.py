@@ -156,3 +156,122 @@ def test_what_smb_cannot_store(mount_on):
     assert stat.S_IMODE(os.stat(f).st_mode) == 0o755
     sh("rm", "-f", f, mnt.path / "g")
     assert os.listdir(mnt.backing) == []
+
+
+@pytest.mark.parametrize("share,cut", [("ext4", "restart"), ("ext4-durable", "restart"), ("ext4-durable", "drop")])
+def test_a_file_replaced_while_we_were_away_never_gets_our_writes(share, cut, smb, mount_on):
+    """Another client moves the open file away and makes a new one under its name while smbd is down
+    (restart), or while our connection is broken (drop: smbd keeps a durable handle meanwhile).
+
+    Our next write must fail with EIO or reach the file we opened: never the new one.
+    """
+    mnt = mount_on(f"smb-{share}")
+    server = smb.lab.server
+    first, second = os.urandom(64 * 1024), os.urandom(64 * 1024)
+    fd = os.open(mnt.path / "victim", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, first, 0)
+        os.fsync(fd)
+        if cut == "restart":
+            server.kill()
+        else:
+            sh("ss", "-K", "dst", server.host, "dport", "=", "445")
+        try:
+            (mnt.backing / "victim").rename(mnt.backing / "victim.moved")
+            (mnt.backing / "victim").write_bytes(b"another client's file")
+        finally:
+            if cut == "restart":
+                server.start()
+        failed = []
+        for step in (lambda: os.pwrite(fd, second, 64 * 1024), lambda: os.fsync(fd)):
+            try:
+                step()
+            except OSError as e:
+                failed.append(e.errno)
+    finally:
+        try:
+            os.close(fd)
+        except OSError as e:
+            failed.append(e.errno)
+    print(f"errors after the reconnect: {[errno.errorcode[e] for e in failed]}")
+    assert (mnt.backing / "victim").read_bytes() == b"another client's file"
+    moved = (mnt.backing / "victim.moved").read_bytes()
+    assert set(failed) <= {errno.EIO}, failed
+    assert moved in (first, first + second) if failed else moved == first + second
+
+
+def test_rmdir_of_the_longest_path_that_mkdir_made(mount_on):
+    """Every directory mkdir made can be removed; a path longer than SMB can name is refused up front.
+
+    Directory by directory through file descriptors, so that the kernel's PATH_MAX does not stop it first.
+    """
+    mnt = mount_on("smb-ext4")
+    fds = [os.open(mnt.path, os.O_DIRECTORY)]
+    try:
+        while True:
+            try:
+                os.mkdir("d" * 255, dir_fd=fds[-1])
+            except OSError as e:
+                assert e.errno == errno.ENAMETOOLONG, e
+                break
+            fds.append(os.open("d" * 255, os.O_DIRECTORY, dir_fd=fds[-1]))
+        print(f"{len(fds) - 1} levels of 255 bytes made")
+        assert len(fds) - 1 == 15  # 3852 bytes with the test's directory; 16 levels would pass Samba's 4095
+        while len(fds) > 1:
+            os.close(fds.pop())
+            os.rmdir("d" * 255, dir_fd=fds[-1])
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert os.listdir(mnt.backing) == []
+
+
+def test_ctime_through_another_link_advances_when_rename_replaces_one(mount_on):
+    mnt = mount_on("smb-ext4", ["attr_timeout=0"])  # the server's word, not a cache's
+    (mnt.path / "a").write_bytes(b"data")
+    os.link(mnt.path / "a", mnt.path / "b")
+    (mnt.path / "c").write_bytes(b"other")
+    before = os.stat(mnt.path / "b")
+    time.sleep(0.05)  # ctime must be able to move on
+    os.rename(mnt.path / "c", mnt.path / "a")
+    after = os.stat(mnt.path / "b")
+    assert after.st_nlink == 1 and (mnt.path / "a").read_bytes() == b"other"
+    assert after.st_ctime_ns > before.st_ctime_ns
+
+
+def test_fstat_of_an_unlinked_open_file(mount_on):
+    mnt = mount_on("smb-ext4")
+    with open(mnt.path / "f", "w+b") as f:
+        f.write(b"12345")
+        f.flush()
+        os.unlink(mnt.path / "f")
+        assert os.fstat(f.fileno()).st_size == 5
+        f.seek(0)
+        assert f.read() == b"12345"
+        f.write(b"678")
+        f.flush()
+        assert os.fstat(f.fileno()).st_size == 8
+
+
+def test_a_durable_handle_outlives_a_broken_connection(smb, mount_on):
+    """The TCP connection breaks (smbd keeps the durable handle): the writes after it reach our file
+    through the same open, reconnected, not through a new one by path."""
+    mnt = mount_on("smb-ext4-durable")
+    server = smb.lab.server
+
+    def opens():
+        """When each open of f was made, as Samba lists them: a reconnected open keeps its time."""
+        return sorted(o["opened_at"] for entry in smb.open_files(server).values()
+                      if entry.get("filename", "").endswith("/f") for o in entry["opens"].values())
+
+    first, second = os.urandom(64 * 1024), os.urandom(64 * 1024)
+    with open(mnt.path / "f", "w+b") as f:
+        f.write(first)
+        f.flush()
+        os.fsync(f.fileno())
+        before = opens()
+        sh("ss", "-K", "dst", server.host, "dport", "=", "445")
+        os.pwrite(f.fileno(), second, len(first))
+        os.fsync(f.fileno())
+        assert len(before) == 1 and opens() == before
+    assert (mnt.backing / "f").read_bytes() == first + second

@@ -95,7 +95,7 @@ def read_file(tree, name):
 @pytest.fixture(scope="module")
 def lab():
     start = time.monotonic()
-    with samba.samba_lab(KINDS) as lab:
+    with samba.samba_lab(KINDS, durable=("ext4",)) as lab:
         print(f"\nsamba_lab({KINDS}) up in {time.monotonic() - start:.3f} s")
         yield lab
 
@@ -120,6 +120,19 @@ def test_share_filesystems(lab):
         ).stdout.strip()
         assert fstype == {"btrfs": "btrfs", "xfs": "xfs", "ext4": "ext2/ext3"}[kind]
     assert "vfs objects = btrfs" in lab.server.conf.read_text()
+
+
+def test_durable_share_beside_its_kind(lab):
+    shares = lab.server.shares
+    durable, plain = shares["ext4-durable"], shares["ext4"]
+    assert durable.durable and not plain.durable and durable.kind == "ext4"
+    assert durable.path.stat().st_dev == plain.path.stat().st_dev != shares["xfs"].path.stat().st_dev
+    conf = lab.server.conf.read_text()
+    section = conf[conf.index("[ext4-durable]"):]
+    assert samba.DURABLE in section and samba.DURABLE not in conf[:conf.index("[ext4-durable]")]
+    with tree(lab.server, "ext4-durable") as share:
+        write_file(share, "f", b"durable")
+    assert (durable.path / "f").read_bytes() == b"durable"
 
 
 def test_wrong_password_is_refused(lab):

@@ -30,7 +30,7 @@ pytestmark = [
 
 smb = pytest.importorskip("offloadfs.backends.smb", reason="smbprotocol is not installed")
 samba = pytest.importorskip("offloadfs.lab.samba", reason="the Samba lab needs pyroute2")
-from offloadfs.backends.smb import capabilities, client as smb_client  # noqa: E402
+from offloadfs.backends.smb import capabilities, client as smb_client, oplocks  # noqa: E402
 
 MiB = 1 << 20
 HANG_BOUND = 15  # seconds: an answer slower than this is a hang, whatever the machine's load
@@ -39,7 +39,7 @@ RW, CREATE = os.O_RDWR, os.O_RDWR | os.O_CREAT | os.O_EXCL
 
 @pytest.fixture(scope="module")
 def lab():
-    with samba.samba_lab(("btrfs", "ext4")) as lab:
+    with samba.samba_lab(("btrfs", "ext4"), durable=("ext4",)) as lab:
         yield lab
 
 
@@ -144,14 +144,14 @@ async def test_times_set_while_open_for_writing_outlast_the_close(connect):
         node, _, f = await b.create(d, b"f", CREATE, 0o644)
         g = await b.open(node, os.O_WRONLY)
         r = await b.open(node, os.O_RDONLY)
-        assert node.writers == [f, g]
+        assert node.files == [f, g, r]
         await b.write(f, 0, b"x" * 1000)
         await b.write(g, 0, b"y")  # two handles that wrote: each one's close would stamp
         assert (await b.setattr(node, atime_ns=mtime, mtime_ns=mtime)).mtime_ns == mtime
         await b.write(f, 1000, b"z")
         for h in (f, g, r):
             await b.release(h)
-        assert node.writers == []
+        assert node.files == []
         assert os.stat(path / "f").st_mtime_ns == mtime
 
 
@@ -279,6 +279,22 @@ async def test_a_node_goes_on_by_its_other_names(connect):
         e, _ = await b.lookup(d, b"e")
         b.forget(e)  # every name goes
         assert e not in b.nodes.values() and e not in b.by_id.values()
+
+
+async def test_paths_end_where_samba_can_still_remove_them(connect):
+    async with connect() as (b, d, path):
+        parent = d
+        while len(parent.path) + 1 + 255 <= smb.backend.MAX_PATH:
+            parent, _ = await b.mkdir(parent, b"d" * 255, 0o755)
+        last = smb.backend.MAX_PATH - len(parent.path) - 1  # bytes left for the last name
+        with pytest.raises(OSError) as e:
+            await b.mkdir(parent, "é".encode() * (last // 2 + 1), 0o755)
+        assert e.value.errno == errno.ENAMETOOLONG
+        deepest, _ = await b.mkdir(parent, b"e" * last, 0o755)
+        assert len(deepest.path.encode()) == smb.backend.MAX_PATH
+        await b.rmdir(parent, b"e" * last)
+        with pytest.raises(FileNotFoundError):  # gone (too deep to look at on the server side)
+            await b.lookup(parent, b"e" * last)
 
 
 async def test_xattrs_are_user_eas(connect):
@@ -487,6 +503,36 @@ async def test_reconnect_after_server_restart(lab, connect):
         assert (path / "f").read_bytes() == b"before after"
 
 
+async def test_a_durable_handle_is_reconnected_after_a_lost_connection(connect):
+    async with connect("ext4-durable") as (b, d, path):
+        node, _, f = await b.create(d, b"f", CREATE, 0o644)
+        assert f.create_guid is not None  # granted
+        await b.write(f, 0, b"before ")
+        handle, generation = f.file_id, b.client.generation
+        b.client._shutdown(b.client.conn)  # the TCP connection breaks; smbd keeps the handle
+        with trio.fail_after(HANG_BOUND):
+            assert await b.write(f, 7, b"after") == 5
+        assert b.client.generation == generation + 1
+        assert f.file_id[:8] == handle[:8]  # the same open (persistent id), not a new one by path
+        await b.release(f)
+        assert (path / "f").read_bytes() == b"before after"
+
+
+async def test_oplock_breaks_are_answered(connect):
+    """Our durable handle holds a batch oplock: opening the file again breaks it, and we give it up at once."""
+    async with connect("ext4-durable") as (b, d, path):
+        node, _, f = await b.create(d, b"f", CREATE, 0o644)
+        await b.write(f, 0, b"data")
+        with trio.fail_after(HANG_BOUND):  # unanswered, Samba holds the second open back for 30 s
+            g = await b.open(node, RW)
+            await b.write(g, 4, b"more")
+            await b.unlink(d, b"f")  # a delete breaks too
+        assert bytes(await b.read(f, 0, 100)) == b"datamore"
+        for h in (f, g):
+            await b.release(h)
+        assert not (path / "f").exists()
+
+
 async def test_a_server_that_stops_answering_fails_requests_not_the_mount(lab, connect, monkeypatch):
     server = lab.server
     monkeypatch.setattr(smb_client, "IO_TIMEOUT", 1)
@@ -512,7 +558,7 @@ async def test_interrupted_requests_leave_nothing_behind(connect):
             await b.read(f, 0, len(data))  # three 8 MiB reads in flight, then interrupted
         assert scope.cancelled_caught
         with trio.fail_after(5):
-            while b.client.conn.outstanding_requests:  # their answers come, and are dropped
+            while b.client.conn.outstanding_requests.keys() - {oplocks.UNSOLICITED}:  # answered, and dropped
                 await trio.sleep(0.01)
         assert bytes(await b.read(f, MiB, 10)) == data[MiB:MiB + 10]
         await b.release(f)

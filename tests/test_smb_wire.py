@@ -48,6 +48,32 @@ def test_create_response():
         wire.CreateResponse.unpack(body[:60])
 
 
+def create_context(name, data, last):
+    """2.2.13.2: one context, 8-byte aligned unless last."""
+    head = wire.CreateResponse.CONTEXT.size
+    entry = wire.CreateResponse.CONTEXT.pack(0, head, len(name), 0, head + 8, len(data)) + name.ljust(8, b"\0") + data
+    entry += b"" if last else b"\0" * (-len(entry) % 8)
+    return struct.pack("<I", 0 if last else len(entry)) + entry[4:]
+
+
+def test_create_response_oplock_and_contexts():
+    contexts = create_context(b"MxAc", b"\0" * 8, False) + create_context(b"DH2Q", b"\0" * 8, True)
+    offset = wire.HEADER_SIZE + wire.CreateResponse.FORMAT.size
+    body = wire.CreateResponse.FORMAT.pack(89, 9, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, b"F" * 16, offset, len(contexts))
+    r = wire.CreateResponse.unpack(body + contexts)
+    assert (r.oplock_level, r.contexts) == (9, [b"MxAc", b"DH2Q"])
+    with pytest.raises(WireError):  # the contexts run past the reply
+        wire.CreateResponse.unpack(body + contexts[:-1])
+    looping = bytearray(contexts)
+    looping[0:4] = struct.pack("<I", 4)  # the next context inside this one
+    with pytest.raises(WireError, match="overlap"):
+        wire.CreateResponse.unpack(body + bytes(looping))
+    bad_name = bytearray(contexts)
+    bad_name[6:8] = struct.pack("<H", 200)  # a name past the end
+    with pytest.raises(WireError, match="create context"):
+        wire.CreateResponse.unpack(body + bytes(bad_name))
+
+
 def test_read_response_data_is_a_view_at_the_offset():
     data = b"0123456789"
     body = struct.pack("<HBxII4x", 17, HEADER + 16, len(data), 0) + data
@@ -144,8 +170,8 @@ def test_file_all_information():
     t = info.to_filetime(1_600_000_000_000_000_000)
     a = info.FileAllInformation.unpack(all_information(77, info.ATTR_DIRECTORY, 0, 3, (t, t + 1, t + 2, t + 3)))
     assert (a.file_id, a.is_dir, a.nlink, a.size, a.allocation) == (77, True, 3, 0, 8192)
-    assert (a.atime_ns, a.mtime_ns, a.ctime_ns) == (1_600_000_000_000_000_100, 1_600_000_000_000_000_200,
-                                                    1_600_000_000_000_000_300)
+    assert (a.btime_ns, a.atime_ns, a.mtime_ns, a.ctime_ns) == (
+        1_600_000_000_000_000_000, 1_600_000_000_000_000_100, 1_600_000_000_000_000_200, 1_600_000_000_000_000_300)
     with pytest.raises(WireError, match="FileAllInformation"):
         info.FileAllInformation.unpack(all_information(1, 0, 0, 1)[:71])
 

@@ -7,7 +7,9 @@ needs the lab user's password; files are created as root (`force user`) so a
 root-run test suite can inspect and prepare them directly on the server side.
 
 samba_lab() bundles the usual set-up: one namespace per server, one share
-per backing filesystem kind on a fresh loop filesystem, named after the kind.
+per backing filesystem kind on a fresh loop filesystem, named after the kind,
+and for the kinds asked a second, durable share on the same filesystem
+(named KIND-durable; see DURABLE).
 """
 
 import contextlib
@@ -64,6 +66,14 @@ read only = no
 guest ok = no
 valid users = {user}
 force user = root
+"""
+
+# What Samba needs before a handle it granted as durable outlives its connection (smb.conf(5) "durable
+# handles"); the defaults keep posix locking on, so other shares grant durable handles and then close them.
+DURABLE = """\
+kernel oplocks = no
+kernel share modes = no
+posix locking = no
 """
 
 
@@ -139,6 +149,7 @@ class Share:
     name: str
     path: Path
     kind: str
+    durable: bool = False
 
 
 class SambaServer(ServerProcess):
@@ -203,18 +214,21 @@ def write_config(workdir, host, shares):
         if share.kind == "btrfs":
             # Lets FSCTL_DUPLICATE_EXTENTS and copychunk clone on btrfs.
             text += "vfs objects = btrfs\n"
+        if share.durable:
+            text += DURABLE
     (workdir / "smb.conf").write_text(text)
 
 
 @contextlib.contextmanager
 def smb_server(shares, net=None):
-    """Yield a running SambaServer exporting shares {name: (path, kind)}.
+    """Yield a running SambaServer exporting shares {name: (path, kind[, durable])}.
 
     With a lab Namespace `net` smbd runs inside it and binds its server
     address; without, it binds 127.0.0.1. kind is the backing filesystem
-    ("btrfs", "xfs", "ext4", ...). smbd and all its children are gone on exit.
+    ("btrfs", "xfs", "ext4", ...); durable: the share keeps durable handles
+    across a lost connection. smbd and all its children are gone on exit.
     """
-    shares = {name: Share(name, Path(path), kind) for name, (path, kind) in shares.items()}
+    shares = {name: Share(name, Path(path), *rest) for name, (path, *rest) in shares.items()}
     host = net.server_addr if net else "127.0.0.1"
     with tempfile.TemporaryDirectory(prefix="offloadfs-samba-") as tmp:
         workdir = Path(tmp)
@@ -235,9 +249,10 @@ def smb_server(shares, net=None):
 
 
 @contextlib.contextmanager
-def samba_lab(kinds=("btrfs", "xfs", "ext4"), rate=None, servers=1):
+def samba_lab(kinds=("btrfs", "xfs", "ext4"), rate=None, servers=1, durable=()):
     """Yield a Lab of `servers` smbds, each in its own namespace (link shaped
-    to `rate` if given) with one share per kind on a fresh loop filesystem."""
+    to `rate` if given) with one share per kind on a fresh loop filesystem,
+    and a KIND-durable share beside it for each kind in `durable`."""
     with contextlib.ExitStack() as stack:
         started = []
         for _ in range(servers):
@@ -248,5 +263,8 @@ def samba_lab(kinds=("btrfs", "xfs", "ext4"), rate=None, servers=1):
                 # A subdirectory keeps lost+found out of the share.
                 (root / "share").mkdir()
                 shares[kind] = (root / "share", kind)
+                if kind in durable:
+                    (root / "durable").mkdir()
+                    shares[f"{kind}-durable"] = (root / "durable", kind, True)
             started.append(stack.enter_context(smb_server(shares, net)))
         yield Lab(started)

@@ -19,6 +19,8 @@ import errno
 import functools
 import os
 import stat
+import time
+import uuid
 
 import trio
 
@@ -37,35 +39,54 @@ LIST_BUFFER = 65536
 PIECE = 1 << 20
 LISTED_FOR = 1.0  # seconds a directory listing answers lookups (READDIRPLUS looks up every entry)
 BAD_NAME_CHARS = frozenset('\\:*?"<>|')  # a path separator, a stream name, wildcards
+# Longest share path we make, in UTF-8 bytes (not characters: 2-byte ones fail at the same byte count): Samba
+# 4.17 creates directories deeper than this but answers their rmdir with OBJECT_NAME_INVALID (PATH_MAX, 4096
+# with its NUL), so nothing longer is made or named.  SMB2's own limit, 32767 UTF-16 units, is far beyond.
+MAX_PATH = 4095
 
 
 class Node:
     """A file or directory by its path in the share.
 
     ``paths``: every name it is known by, the last seen last (a dict for its
-    order); ``path`` the one in use (None once all were removed through us).  ``writers``: its open writable handles,
-    which times must be set through (see setattr).
+    order); ``path`` the one in use (None once all were removed through us).  ``files``: its open handles, which
+    its attributes come from (an unlinked file has no path) and times must be set through (see setattr).
+    ``changed_ns``: when we last changed its links or attributes; Samba reports the mtime as the change time,
+    so that is the least ctime we report.
     """
-    __slots__ = ("path", "paths", "ino", "is_dir", "writers")
+    __slots__ = ("path", "paths", "ino", "is_dir", "files", "changed_ns")
 
     def __init__(self, path, ino, is_dir):
         self.path = path
         self.paths = {path: None}
         self.ino = ino
         self.is_dir = is_dir
-        self.writers = []
+        self.files = []
+        self.changed_ns = 0
+
+    def changed(self):
+        self.changed_ns = time.time_ns()
 
 
 class File:
-    """An open handle, reopened by path (and access) after a reconnect."""
-    __slots__ = ("backend", "node", "access", "file_id", "generation", "sparse", "resume_key", "key_generation")
+    """An open handle; after a reconnect, reconnected if durable, else reopened by path if that is still the file.
 
-    def __init__(self, backend, node, access, file_id, generation):
+    ``born``: the file's creation time, which with the node's file id tells it from a file that replaced it;
+    ``create_guid``: names the durable handle the server granted (None: not durable); ``lost``: why it could
+    not be reopened, after which every use fails.
+    """
+    __slots__ = ("backend", "node", "access", "file_id", "generation", "born", "create_guid", "lost", "sparse",
+                 "resume_key", "key_generation")
+
+    def __init__(self, backend, node, access, file_id, generation, born):
         self.backend = backend
         self.node = node
         self.access = access
         self.file_id = file_id
         self.generation = generation
+        self.born = born
+        self.create_guid = None
+        self.lost = None
         self.sparse = False
         self.resume_key = None
         self.key_generation = 0
@@ -103,23 +124,48 @@ class SMBBackend(Capabilities, Backend):
 
     async def _handle(self, file):
         """The file id of ``file`` on the current connection, reopening it after a reconnect."""
+        if file.lost:
+            raise OSError(errno.EIO, file.lost)
         await self.client.tree_id(self.share)
         if file.generation != self.client.generation:
             async with self._reopening:
+                if file.lost:
+                    raise OSError(errno.EIO, file.lost)
                 if file.generation != self.client.generation:
                     await self._reopen(file)
         return file.file_id
 
     async def _reopen(self, file):
+        """Reconnect ``file``'s durable handle, else open its path again; keep it only if it is the file we had.
+
+        Another client may have renamed our file and made a new one under its
+        name while we were away: writes through a handle to that one would land
+        in someone else's file, so the handle is lost instead (EIO for good).
+        Samba refuses a durable reconnect then too, and whenever the handle is
+        no longer durable (its oplock broken, smbd restarted).
+        """
         generation = self.client.generation
-        path = _path(file.node)
+        path = file.node.path
+        options = 0 if file.node.is_dir else m.NON_DIRECTORY_FILE
         try:
-            [body] = await self._call([m.create(path, file.access)], path)
+            try:
+                new, a = await self._open(file.node, _path(file.node), file.access, m.OPEN, options, file)
+            except ConnectionLost:
+                raise
+            except OSError:
+                if file.create_guid is None:
+                    raise
+                new, a = await self._open(file.node, _path(file.node), file.access, m.OPEN, options)
         except ConnectionLost:
             raise
         except OSError as e:
-            raise OSError(errno.EIO, f"{path}: lost in a reconnect and cannot be reopened: {e.strerror}") from None
-        file.file_id = wire.CreateResponse.unpack(body).file_id
+            file.lost = f"{path or 'a removed file'}: lost in a reconnect and cannot be reopened: {e.strerror}"
+            raise OSError(errno.EIO, file.lost) from None
+        if (a.file_id, a.btime_ns) != (file.node.ino, file.born):
+            await self.release(new)
+            file.lost = f"{path}: lost in a reconnect; the name now belongs to another file"
+            raise OSError(errno.EIO, file.lost)
+        file.file_id, file.create_guid = new.file_id, new.create_guid
         file.generation = generation
 
     async def _file_call(self, file, msg):
@@ -128,6 +174,8 @@ class SMBBackend(Capabilities, Backend):
         return await self.client.call1(self.share, msg(fid), file.generation, file.node.path or "")
 
     def _stat(self, a: info.Attributes):
+        node = self.by_id.get(a.file_id)
+        ctime_ns = max(a.ctime_ns, node.changed_ns) if node is not None else a.ctime_ns
         if a.is_dir:
             mode = stat.S_IFDIR | self.target.dir_mode
         else:
@@ -135,7 +183,7 @@ class SMBBackend(Capabilities, Backend):
         if a.attributes & info.ATTR_READONLY:
             mode &= ~0o222
         return Stat(ino=a.file_id, mode=mode, nlink=max(1, a.nlink), size=a.size, blocks=(a.allocation + 511) // 512,
-                    blksize=1 << 20, atime_ns=a.atime_ns, mtime_ns=a.mtime_ns, ctime_ns=a.ctime_ns)
+                    blksize=1 << 20, atime_ns=a.atime_ns, mtime_ns=a.mtime_ns, ctime_ns=ctime_ns)
 
     def _node(self, path, a: info.Attributes):
         """The node of file ``a``, now going by ``path``, the name it was just found under."""
@@ -236,6 +284,8 @@ class SMBBackend(Capabilities, Backend):
             del self.by_id[node.ino]
 
     async def getattr(self, node, file=None):
+        """Through a handle where the node has one: an open file keeps its attributes once unlinked."""
+        file = file or next(iter(node.files), None)
         if file is not None:
             return self._stat(await self._file_attributes(file))
         a = self._from_listing(_path(node)) or await self._stat_path(node.path)
@@ -257,7 +307,7 @@ class SMBBackend(Capabilities, Backend):
         as the Linux cifs client does, changes go through the writable handles.
         """
         self._listed.clear()
-        files = [file] if file is not None else list(node.writers)
+        files = [file] if file is not None else [f for f in node.files if f.access & m.WRITE_DATA]
         # uid/gid: SMB without unix extensions has no owners to change (mount.cifs ignores them too).
         changes = []
         if size is not None:
@@ -269,6 +319,8 @@ class SMBBackend(Capabilities, Backend):
             wanted = a.attributes & ~info.ATTR_READONLY | (0 if mode & 0o200 else info.ATTR_READONLY)
             if wanted != a.attributes:
                 attributes = wanted or info.ATTR_NORMAL
+        if attributes:
+            node.changed()
         if atime_ns is not None or mtime_ns is not None or attributes:
             basic = info.FileBasicInformation(atime_ns, mtime_ns, attributes).pack()
             changes.append(m.set_info(info.FILE_BASIC, basic))
@@ -310,6 +362,7 @@ class SMBBackend(Capabilities, Backend):
         _, _, body, _ = await self._call([m.create(_path(node), m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES),
                                           m.set_info(info.FILE_LINK, link), _query_all(), m.close()], path)
         a = info.FileAllInformation.unpack(wire.QueryResponse.buffer(body))
+        node.changed()
         return self._node(path, a), self._stat(a)
 
     async def unlink(self, dir, name):
@@ -332,6 +385,7 @@ class SMBBackend(Capabilities, Backend):
             plain = info.FileBasicInformation(attributes=(a.attributes & ~info.ATTR_READONLY) or info.ATTR_NORMAL)
             await self._call([m.create(path, m.DELETE | m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES, m.OPEN, options),
                               m.set_info(info.FILE_BASIC, plain.pack()), dispose, m.close()], path)
+        _changed(self.nodes.get(path))  # its other links, if any, see the link count drop
         self._removed(path)
 
     async def rename(self, dir, name, newdir, newname, flags):
@@ -359,6 +413,8 @@ class SMBBackend(Capabilities, Backend):
             if src.is_dir != dst.is_dir:
                 raise OSError(errno.EISDIR if dst.is_dir else errno.ENOTDIR, f"{old} -> {new}") from None
             raise
+        _changed(self.nodes.get(old))
+        _changed(self.nodes.get(new))  # replaced: one link fewer, seen through its others
         self._moved(old, new)
 
     # -- files ----------------------------------------------------------------------
@@ -371,7 +427,7 @@ class SMBBackend(Capabilities, Backend):
         if a.file_id != node.ino:
             await self.release(file)
             raise OSError(errno.ESTALE, f"{path}: replaced by another file")
-        _add_writer(file)
+        node.files.append(file)
         return file
 
     async def create(self, dir, name, flags, mode):
@@ -385,26 +441,48 @@ class SMBBackend(Capabilities, Backend):
             disposition = m.OPEN_IF
         file, a = await self._open(None, path, _access(flags), disposition, m.NON_DIRECTORY_FILE)
         file.node = self._node(path, a)
-        _add_writer(file)
+        file.node.files.append(file)
         return file.node, self._stat(a), file
 
-    async def _open(self, node, path, access, disposition, options):
+    async def _open(self, node, path, access, disposition, options, reconnect=None):
         """A File and the attributes of what it opened, in one round trip.
 
-        Not interrupted (the request's deadline still applies): a handle the
-        server opened after we stopped listening would stay open until we
-        disconnect, holding off deletes and share modes.
+        Files (not directories) are asked to be durable, which takes a batch
+        oplock (see oplocks.py); ``reconnect``: the File of a lost connection
+        whose durable handle to reconnect instead.  Not interrupted (the
+        request's deadline still applies): a handle the server opened after we
+        stopped listening would stay open until we disconnect, holding off
+        deletes and share modes.
         """
+        guid, oplock, contexts = None, m.NO_OPLOCK, ()
+        if reconnect is not None:
+            guid = reconnect.create_guid
+            oplock, contexts = m.BATCH, [m.durable_reconnect(reconnect.file_id, guid)]
+        elif options & m.NON_DIRECTORY_FILE:
+            guid = uuid.uuid4()
+            oplock, contexts = m.BATCH, [m.durable(guid)]
         with trio.CancelScope(shield=True):
             (status, body), (q_status, query) = await self.client.call(
-                self.share, [m.create(path, access, disposition, options), _query_all()])
+                self.share, [m.create(path, access, disposition, options, oplock=oplock, contexts=contexts),
+                             _query_all()])
             if status != errors.SUCCESS:
                 raise status_error(status, body, path)
-            file = File(self, node, access, wire.CreateResponse.unpack(body).file_id, self.client.generation)
-            if q_status != errors.SUCCESS:
+            created = wire.CreateResponse.unpack(body)
+            file = File(self, node, access, created.file_id, self.client.generation, 0)
+            listener = self.client.oplocks
+            if created.oplock_level != m.NO_OPLOCK and listener.generation == file.generation:
+                listener.hold(file.file_id, self.share)
+            if reconnect is not None or m.DURABLE_V2 in created.contexts:
+                file.create_guid = guid  # a reconnect names no context in its reply
+            try:
+                if q_status != errors.SUCCESS:
+                    raise status_error(q_status, query, path)
+                a = info.FileAllInformation.unpack(wire.QueryResponse.buffer(query))
+            except (OSError, wire.WireError):
                 await self.release(file)
-                raise status_error(q_status, query, path)
-        return file, info.FileAllInformation.unpack(wire.QueryResponse.buffer(query))
+                raise
+        file.born = a.btime_ns
+        return file, a
 
     async def read(self, file, offset, size):
         """The data as a memoryview into the response (no copy), short only at end of file."""
@@ -457,10 +535,11 @@ class SMBBackend(Capabilities, Backend):
         await self._file_call(file, m.flush)
 
     async def release(self, file):
-        if file.node is not None and file in file.node.writers:  # None: create() failed to open it
-            file.node.writers.remove(file)
+        if file.node is not None and file in file.node.files:  # None: create() failed to open it
+            file.node.files.remove(file)
         if file.generation != self.client.generation:
             return  # its connection is gone, and the handle with it
+        self.client.oplocks.release(file.file_id)
         try:
             await self.client.call(self.share, [m.close(file.file_id)], file.generation)
         except ConnectionLost:
@@ -592,7 +671,10 @@ def _child(dir, name):
     if BAD_NAME_CHARS.intersection(text) or any(ord(c) < 32 for c in text):
         raise OSError(errno.EINVAL, 'SMB names cannot hold \\ : * ? " < > | or control characters')
     parent = _path(dir)
-    return f"{parent}\\{text}" if parent else text
+    path = f"{parent}\\{text}" if parent else text
+    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH:
+        raise OSError(errno.ENAMETOOLONG, f"SMB paths here end at {MAX_PATH} bytes")
+    return path
 
 
 def _access(flags):
@@ -604,9 +686,9 @@ def _access(flags):
     return m.READ | m.WRITE
 
 
-def _add_writer(file):
-    if file.access & m.WRITE_DATA:
-        file.node.writers.append(file)
+def _changed(node):
+    if node is not None:
+        node.changed()
 
 
 def _query_all(file_id=m.RELATED):

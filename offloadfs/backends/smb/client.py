@@ -10,11 +10,14 @@ are in flight without a thread each.  Credits are counted before each send
 every request has a deadline: a server that stops answering gets its
 connection shut down, which fails what was in flight with EIO.
 
-After a drop the next request reconnects.  Handles are then stale; the
-backend reopens them by path (``generation`` tells it so).  Durable handles
-are not asked for: Samba grants them only with an oplock or lease, and a
-lease break arrives as an unsolicited message that kills smbprotocol's
-receive worker.
+After a drop the next request reconnects.  Handles are then stale
+(``generation`` tells the backend so): durable ones are reconnected, others
+reopened by path.  Each connection has an oplocks.Listener for the oplock
+breaks that durable handles bring.  Each has a client GUID of its own:
+Samba hands a new connection with a known GUID to the process that served
+the old one, which may be the hung one we left, and it does not ask for the
+old GUID on a durable reconnect (MS-SMB2 servers that do refuse it; the
+backend then reopens by path).
 """
 import logging
 import socket
@@ -26,7 +29,7 @@ from smbprotocol.exceptions import SMBException, SMBResponseException
 from smbprotocol.session import Session
 from smbprotocol.tree import TreeConnect
 
-from . import errors
+from . import errors, oplocks
 from .errors import ConnectionLost, status_error
 
 log = logging.getLogger(__name__)
@@ -109,6 +112,7 @@ class Client:
         self.token = trio.lowlevel.current_trio_token()
         self.conn = None
         self.session = None
+        self.oplocks = None  # the current connection's oplocks.Listener
         self.trees = {}  # share -> tree id on the current connection
         self.generation = 0  # bumped per connection: handles of older ones are gone
         self.io_size = CREDIT_SIZE  # largest READ/WRITE, set from the server's limits and our credits
@@ -159,6 +163,7 @@ class Client:
             raise
         self.conn, self.session = conn, session
         self.generation += 1
+        self.oplocks = oplocks.Listener(self, conn)
         self.io_size = min(conn.max_read_size, conn.max_write_size,
                            max(CREDIT_SIZE, self._window(conn) // 4 * CREDIT_SIZE))
         log.info("connected to %s as %s: dialect 0x%x, %d credits, %d-byte I/O", self.where,

@@ -48,6 +48,7 @@ class Attributes:
     atime_ns: int
     mtime_ns: int
     ctime_ns: int
+    btime_ns: int  # creation: with the file id, tells this file from a later one that got the same id
 
     @property
     def is_dir(self):
@@ -60,10 +61,10 @@ class FileAllInformation:
 
     @classmethod
     def unpack(cls, data):
-        (_, atime, mtime, ctime, attrs, alloc, eof, nlink, _, _, file_id) = _unpack(
+        (btime, atime, mtime, ctime, attrs, alloc, eof, nlink, _, _, file_id) = _unpack(
             cls.FORMAT, data, what="FileAllInformation")
         return Attributes(file_id, attrs, eof, alloc, nlink, from_filetime(atime), from_filetime(mtime),
-                          from_filetime(ctime))
+                          from_filetime(ctime), from_filetime(btime))
 
 
 class FileStandardInformation:
@@ -85,14 +86,14 @@ class FileIdBothDirectoryInformation:
         entries = []
         offset = 0
         while True:
-            (next_offset, _, _, atime, mtime, ctime, eof, alloc, attrs, name_len, _, _, _, file_id) = _unpack(
+            (next_offset, _, btime, atime, mtime, ctime, eof, alloc, attrs, name_len, _, _, _, file_id) = _unpack(
                 cls.FORMAT, data, offset, "FileIdBothDirectoryInformation")
             start = offset + cls.FORMAT.size
             if name_len % 2 or start + name_len > len(data):
                 raise WireError(f"FileIdBothDirectoryInformation: name of {name_len} bytes outside the reply")
             name = bytes(data[start:start + name_len]).decode("utf-16-le", "surrogatepass")
             entries.append((name, Attributes(file_id, attrs, eof, alloc, 1, from_filetime(atime),
-                                             from_filetime(mtime), from_filetime(ctime))))
+                                             from_filetime(mtime), from_filetime(ctime), from_filetime(btime))))
             if next_offset == 0:
                 return entries
             if next_offset < cls.FORMAT.size or offset + next_offset >= len(data):

@@ -3,7 +3,15 @@
 A request inside a related compound uses RELATED as its file id: "the handle
 the CREATE before me opened", so open + query + close is one round trip.
 """
+from collections import OrderedDict
+
+from smbprotocol.create_contexts import (
+    SMB2CreateContextRequest,
+    SMB2CreateDurableHandleReconnectV2,
+    SMB2CreateDurableHandleRequestV2,
+)
 from smbprotocol.file_info import InfoType
+from smbprotocol.header import Commands
 from smbprotocol.ioctl import IOCTLFlags, SMB2IOCTLRequest
 from smbprotocol.open import (
     ImpersonationLevel,
@@ -16,6 +24,7 @@ from smbprotocol.open import (
     SMB2SetInfoRequest,
     SMB2WriteRequest,
 )
+from smbprotocol.structure import BytesField, IntField, Structure
 
 RELATED = b"\xff" * 16
 
@@ -43,12 +52,18 @@ OVERWRITE_IF = 5
 DIRECTORY_FILE = 0x00000001
 NON_DIRECTORY_FILE = 0x00000040
 
+# Oplock levels (2.2.13): a durable handle needs a batch oplock from Samba (or a lease, which we do not ask for).
+NO_OPLOCK = 0x00
+BATCH = 0x09
+DURABLE_V2 = SMB2CreateDurableHandleRequestV2.NAME  # its response context has the same name
+
 SHARE_ALL = 0x7  # read | write | delete: POSIX lets anyone open, rename and unlink anything
 RESTART_SCAN = 0x01  # QUERY_DIRECTORY and QUERY_INFO (EAs) flag
 
 
-def create(path, access, disposition=OPEN, options=0, attributes=0):
+def create(path, access, disposition=OPEN, options=0, attributes=0, oplock=NO_OPLOCK, contexts=()):
     m = SMB2CreateRequest()
+    m["requested_oplock_level"] = oplock
     m["impersonation_level"] = ImpersonationLevel.Impersonation
     m["desired_access"] = access
     m["file_attributes"] = attributes
@@ -56,6 +71,46 @@ def create(path, access, disposition=OPEN, options=0, attributes=0):
     m["create_disposition"] = disposition
     m["create_options"] = options
     m["buffer_path"] = path.encode("utf-16-le", "surrogatepass") if path else b"\0\0"
+    if contexts:
+        m["buffer_contexts"] = SMB2CreateContextRequest.pack_multiple(list(contexts))
+    return m
+
+
+def durable(create_guid):
+    """2.2.13.2.11: make the open durable; the server's default timeout, not persistent."""
+    c = SMB2CreateDurableHandleRequestV2()
+    c["create_guid"] = create_guid
+    return c
+
+
+def durable_reconnect(file_id, create_guid):
+    """2.2.13.2.12: the durable open ``file_id`` of a lost connection, on this one."""
+    c = SMB2CreateDurableHandleReconnectV2()
+    c["file_id"] = file_id
+    c["create_guid"] = create_guid
+    return c
+
+
+class OplockBreakAcknowledgment(Structure):
+    """2.2.24.1, which smbprotocol lacks."""
+    COMMAND = Commands.SMB2_OPLOCK_BREAK
+
+    def __init__(self):
+        self.fields = OrderedDict([
+            ("structure_size", IntField(size=2, default=24)),
+            ("oplock_level", IntField(size=1)),
+            ("reserved", IntField(size=1)),
+            ("reserved2", IntField(size=4)),
+            ("file_id", BytesField(size=16)),
+        ])
+        super().__init__()
+
+
+def oplock_break_ack(file_id):
+    """Give up the oplock on ``file_id`` altogether."""
+    m = OplockBreakAcknowledgment()
+    m["oplock_level"] = NO_OPLOCK
+    m["file_id"] = file_id
     return m
 
 

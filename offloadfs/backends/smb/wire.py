@@ -44,17 +44,38 @@ def _buffer(body, offset, length, what):
 
 @dataclass(slots=True)
 class CreateResponse:
-    """2.2.14 SMB2 CREATE Response: the handle and what the open found."""
+    """2.2.14 SMB2 CREATE Response: the handle, what the open found, the oplock and create contexts granted."""
     FORMAT = struct.Struct("<HBBIqqqqqqII16sII")
+    CONTEXT = struct.Struct("<IHHHHI")  # 2.2.13.2 SMB2_CREATE_CONTEXT: next, name offset/length, data offset/length
+    oplock_level: int
     create_action: int
     end_of_file: int
     attributes: int
     file_id: bytes
+    contexts: list  # names (bytes) of the create contexts in the reply
 
     @classmethod
     def unpack(cls, body):
-        (_, _, _, action, _, _, _, _, _, eof, attrs, _, file_id, _, _) = _unpack(cls.FORMAT, body, what="CREATE")
-        return cls(action, eof, attrs, file_id)
+        (_, oplock, _, action, _, _, _, _, _, eof, attrs, _, file_id, offset, length) = _unpack(
+            cls.FORMAT, body, what="CREATE")
+        return cls(oplock, action, eof, attrs, file_id, cls._context_names(_buffer(body, offset, length, "CREATE")))
+
+    @classmethod
+    def _context_names(cls, data):
+        names = []
+        start = 0
+        while len(data) > start:
+            next_offset, name_offset, name_length, _, _, _ = _unpack(cls.CONTEXT, data, start, "create context")
+            name = start + name_offset
+            if name_offset < cls.CONTEXT.size or name + name_length > len(data):
+                raise WireError(f"create context name at {name}+{name_length} outside {len(data)} bytes")
+            names.append(bytes(data[name:name + name_length]))
+            if next_offset == 0:
+                break
+            if next_offset < cls.CONTEXT.size:
+                raise WireError("create contexts overlap")
+            start += next_offset
+        return names
 
 
 class ReadResponse:
