@@ -11,10 +11,11 @@ dropping the kernel's caches (echo 3 > /proc/sys/vm/drop_caches; each daemon kee
 `du -s`, `rm -rf`. Each step's result is checked against the tree on the server side.
 
 The first table gives the median seconds over the rounds and offloadfs / the faster peer (goal: <= 1.0;
-rows that miss are marked), the second the packets each step put on the client's link (both ways; a proxy
-for round trips, as no tool counts its SMB requests). `offloadfs status --json` counts no requests, so a
-last pass mounts offloadfs again with `-o debug` and counts its FUSE requests per step and opcode from the
-log (logging every request slows it down; only the counts matter there).
+rows that miss are marked); the next two the packets each step put on the client's link (both ways; a
+proxy for round trips, as no tool counts its SMB requests) and the CPU time each tool's daemon processes
+spent on it (which, unlike seconds, other work on the machine barely moves). `offloadfs status --json`
+counts no requests, so a last pass mounts offloadfs again with `-o debug` and counts its FUSE requests per
+step and opcode from the log (logging every request slows it down; only the counts matter there).
 """
 
 import argparse
@@ -29,6 +30,7 @@ import time
 from pathlib import Path
 
 from local import drop_caches
+from offloadfs.lab.mount import status
 from offloadfs.lab.samba import samba_lab
 from offloadfs.lab.smbdemo import RATE, share_mount
 from peers import RCLONE_OPTIONS, install_peers, offloadfs_debug_mount, rclone_mount, smbnetfs_mount
@@ -100,17 +102,33 @@ def link_packets(net):
     return int((stats / "rx_packets").read_text()) + int((stats / "tx_packets").read_text())
 
 
-def measure(server, roots, local_tree, size):
-    """{tool: {step: [(seconds, packets) per round]}}; `roots` maps tool -> its view of the share."""
+def session_cpu(sid):
+    """CPU seconds used so far by the processes of session `sid`, with their reaped children's."""
+    ticks = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[3]) == sid:
+                    ticks += sum(map(int, fields[11:15]))  # utime, stime, cutime, cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def measure(server, mounts, local_tree, size):
+    """{tool: {step: [(seconds, packets, daemon CPU seconds) per round]}}.
+
+    `mounts` maps tool -> (its view of the share, the session id of its daemon's processes).
+    """
     share = server.shares[KIND].path
-    results = {tool: collections.defaultdict(list) for tool in roots}
+    results = {tool: collections.defaultdict(list) for tool in mounts}
     for r in range(size["rounds"]):
         for name in STEPS:
-            for tool, root in roots.items():
+            for tool, (root, sid) in mounts.items():
                 tree = f"{tool.split()[0]}-{r}"
-                before = link_packets(server.net)
+                packets, cpu = link_packets(server.net), session_cpu(sid)
                 seconds = step(name, local_tree, root / tree, share / tree, size["files"], size["dirs"])
-                results[tool][name].append((seconds, link_packets(server.net) - before))
+                results[tool][name].append(
+                    (seconds, link_packets(server.net) - packets, session_cpu(sid) - cpu))
     return results
 
 
@@ -129,21 +147,27 @@ def requests_per_step(server, local_tree, size, workdir):
 
 
 def print_tables(results, requests, size):
-    median = {tool: {name: (statistics.median(s for s, _ in runs), statistics.median(p for _, p in runs))
-                     for name, runs in steps.items()} for tool, steps in results.items()}
+    median = {tool: {name: [statistics.median(column) for column in zip(*runs)] for name, runs in steps.items()}
+              for tool, steps in results.items()}
     tools = list(median)
+    heading = f"  {'step':10}" + "".join(f"{tool:>14}" for tool in tools)
     print(f"metadata on a Samba {KIND} share behind a {RATE} link: {size['files']} files of 4 KiB in "
-          f"{size['dirs']} directories; median of {size['rounds']} round(s); rclone mount {' '.join(RCLONE_OPTIONS)}")
-    print(f"  {'step':10}" + "".join(f"{tool:>14}" for tool in tools) + f"{'offloadfs/peer':>16}")
+          f"{size['dirs']} directories; median of {size['rounds']} round(s); "
+          f"rclone mount {' '.join(RCLONE_OPTIONS)}")
+    print("seconds")
+    print(heading + f"{'offloadfs/peer':>16}")
     for name in STEPS:
         ours = median["offloadfs"][name][0]
         peer = min(median[tool][name][0] for tool in PEERS)
         mark = "  slower than a peer" if ours / peer > MAX_RATIO else ""
         print(f"  {name:10}" + "".join(f"{median[tool][name][0]:14.3f}" for tool in tools)
               + f"{ours / peer:16.2f}{mark}")
-    print("packets on the client's link per step (median)")
-    for name in STEPS:
-        print(f"  {name:10}" + "".join(f"{median[tool][name][1]:14.0f}" for tool in tools))
+    for column, title, form in ((1, "packets on the client's link, both ways", "14.0f"),
+                                (2, "CPU seconds of each tool's daemon processes", "14.2f")):
+        print(title)
+        print(heading)
+        for name in STEPS:
+            print(f"  {name:10}" + "".join(f"{median[tool][name][column]:{form}}" for tool in tools))
     print("offloadfs FUSE requests per step (-o debug pass)")
     for name, counter in requests.items():
         top = ", ".join(f"{op} {n}" for op, n in counter.most_common())
@@ -160,14 +184,15 @@ def main():
         local_tree = workdir / "tree"
         make_tree(local_tree, size["files"], size["dirs"])
         server = stack.enter_context(samba_lab((KIND,), rate=RATE)).server
-        roots = {
-            "offloadfs": stack.enter_context(share_mount(server, KIND)),
+        ours = stack.enter_context(share_mount(server, KIND))
+        mounts = {
+            "offloadfs": (ours, status(ours)["pid"]),  # the daemon leads a session of its own
             "rclone mount": stack.enter_context(rclone_mount(server, KIND, workdir)),
             "smbnetfs": stack.enter_context(smbnetfs_mount(server, KIND, workdir)),
         }
-        for root in roots.values():
+        for root, _ in mounts.values():
             os.listdir(root)  # connected and logged in before the clock starts
-        results = measure(server, roots, local_tree, size)
+        results = measure(server, mounts, local_tree, size)
         requests = requests_per_step(server, local_tree, size, workdir)
     print_tables(results, requests, size)
 

@@ -61,18 +61,22 @@ def private_file(path, text):
 
 
 def stop(process):
-    """End `process` and its whole session: SIGTERM, then SIGKILL if it lingers."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
+    """Let `process` exit by itself (an unmounted FUSE daemon does), else SIGTERM it and then SIGKILL;
+    last, SIGKILL whatever it forked that is still in its session."""
+    for sig in (None, signal.SIGTERM, signal.SIGKILL):
+        if sig:
             os.killpg(process.pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(STOP_TIMEOUT)
-            return
+            break
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
 def fuse_daemon(argv, mountpoint, log, env=None):
-    """Run a FUSE daemon in the foreground as our child, output to `log`; yield once `mountpoint` is mounted.
+    """Run a FUSE daemon in the foreground as our child, output to `log`; once `mountpoint` is mounted, yield
+    its session id (its pid: it leads a session of its own).
 
     On exit it is unmounted first (a daemon killed while mounted would leave a dead mount) and then the
     daemon's session ended.
@@ -86,7 +90,7 @@ def fuse_daemon(argv, mountpoint, log, env=None):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{argv[0]} did not mount {mountpoint}:\n{Path(log).read_text()[-3000:]}")
             time.sleep(0.05)
-        yield
+        yield process.pid
     finally:
         unmount(str(mountpoint))
         stop(process)
@@ -100,7 +104,7 @@ def mountpoint(workdir, name):
 
 @contextlib.contextmanager
 def rclone_mount(server, share, workdir):
-    """`rclone mount` of `share` with RCLONE_OPTIONS; yield the directory showing the share."""
+    """`rclone mount` of `share` with RCLONE_OPTIONS; yield (the directory showing the share, session id)."""
     obscured = subprocess.run(["rclone", "obscure", "-"], input=server.password, capture_output=True,
                               text=True, check=True).stdout.strip()
     conf = private_file(Path(workdir, "rclone.conf"), f"[lab]\ntype = smb\nhost = {server.host}\n"
@@ -108,13 +112,13 @@ def rclone_mount(server, share, workdir):
     mnt = mountpoint(workdir, "rclone")
     argv = ["rclone", "mount", f"lab:{share}", mnt, "--config", conf, "--cache-dir", Path(workdir, "cache"),
             *RCLONE_OPTIONS]
-    with fuse_daemon(list(map(str, argv)), mnt, Path(workdir, "rclone.log")):
-        yield mnt
+    with fuse_daemon(list(map(str, argv)), mnt, Path(workdir, "rclone.log")) as sid:
+        yield mnt, sid
 
 
 @contextlib.contextmanager
 def smbnetfs_mount(server, share, workdir):
-    """smbnetfs with the lab server as its only host; yield the directory showing `share`.
+    """smbnetfs with the lab server as its only host; yield (the directory showing `share`, session id).
 
     HOME points into `workdir`, where libsmbclient looks for its smb.conf.
     """
@@ -125,8 +129,8 @@ def smbnetfs_mount(server, share, workdir):
         host=server.host, user=server.username, password=server.password))
     mnt = mountpoint(workdir, "smbnetfs")
     argv = ["smbnetfs", str(mnt), "-f", "-o", f"config={conf}"]
-    with fuse_daemon(argv, mnt, Path(workdir, "smbnetfs.log"), env={**os.environ, "HOME": str(workdir)}):
-        yield mnt / server.host / share
+    with fuse_daemon(argv, mnt, Path(workdir, "smbnetfs.log"), env={**os.environ, "HOME": str(workdir)}) as sid:
+        yield mnt / server.host / share, sid
 
 
 @contextlib.contextmanager
