@@ -1,0 +1,199 @@
+"""Benchmark metadata-heavy work on a Samba share: offloadfs against rclone mount and smbnetfs.
+
+Not a test: it prints tables and asserts nothing. Run as root:
+    .venv/bin/python benchmarks/metadata.py [--quick]
+
+One lab smbd behind smbdemo's 1 Gbit link serves an xfs share; offloadfs, `rclone mount` (options in
+peers.RCLONE_OPTIONS) and smbnetfs each mount it. Every round each tool works on a fresh directory of its
+own, so none sees another's caches, and the tools take turns step by step, so a busy moment on the machine
+hits all alike. The steps: create (`cp -r` of a local tree of 4 KiB files into the mount), `ls -lR` after
+dropping the kernel's caches (echo 3 > /proc/sys/vm/drop_caches; each daemon keeps its own), `find | wc -l`,
+`du -s`, `rm -rf`. Each step's result is checked against the tree on the server side.
+
+The first table gives the median seconds over the rounds and offloadfs / the faster peer (goal: <= 1.0;
+rows that miss are marked); the next two the packets each step put on the client's link (both ways; a
+proxy for round trips, as no tool counts its SMB requests) and the CPU time each tool's daemon processes
+spent on it (which, unlike seconds, other work on the machine barely moves). `offloadfs status --json`
+counts no requests, so a last pass mounts offloadfs again with `-o debug` and counts its FUSE requests per
+step and opcode from the log (logging every request slows it down; only the counts matter there).
+"""
+
+import argparse
+import collections
+import contextlib
+import os
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from local import drop_caches
+from offloadfs.lab.mount import status
+from offloadfs.lab.samba import samba_lab
+from offloadfs.lab.smbdemo import RATE, share_mount
+from peers import RCLONE_OPTIONS, install_peers, offloadfs_debug_mount, rclone_mount, smbnetfs_mount
+
+KIND = "xfs"
+FULL = {"files": 2000, "dirs": 20, "rounds": 3}
+QUICK = {"files": 200, "dirs": 20, "rounds": 1}
+FILE_SIZE = 4096
+STEPS = ("create", "ls -lR", "find | wc", "du -s", "rm -rf")
+PEERS = ("rclone mount", "smbnetfs")
+MAX_RATIO = 1.0
+REQUEST = re.compile(r"<- (\w+) unique=")
+
+
+def make_tree(root, files, dirs):
+    """`files` files of FILE_SIZE bytes spread over `dirs` directories under root, on the local disk."""
+    data = os.urandom(FILE_SIZE)
+    for d in range(dirs):
+        (root / f"d{d:02}").mkdir(parents=True)
+    for i in range(files):
+        (root / f"d{i % dirs:02}" / f"f{i:05}").write_bytes(data)
+
+
+def run(*argv):
+    """stdout of a command that must succeed."""
+    return subprocess.run(list(map(str, argv)), check=True, capture_output=True, text=True).stdout
+
+
+def check_tree(server_dir, local_tree):
+    """The tree a tool wrote, as seen on the server itself: the same names and bytes as the local one."""
+    def contents(root):
+        return {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    if contents(server_dir) != contents(local_tree):
+        raise RuntimeError(f"{server_dir} on the server differs from {local_tree}")
+
+
+def step(name, local_tree, target, server_dir, files, dirs):
+    """Run step `name` on `target` (the tool's directory in its mount); check what it did; seconds."""
+    if name == "ls -lR":
+        drop_caches()
+    start = time.monotonic()
+    if name == "create":
+        run("cp", "-r", local_tree, target)
+    elif name == "ls -lR":
+        out = run("ls", "-lR", target)
+    elif name == "find | wc":
+        out = run("sh", "-c", 'find "$1" | wc -l', "sh", target)
+    elif name == "du -s":
+        run("du", "-s", target)
+    else:
+        run("rm", "-rf", target)
+    seconds = time.monotonic() - start
+    if name == "create":
+        check_tree(server_dir, local_tree)
+    elif name == "ls -lR" and sum(line.startswith("-") for line in out.splitlines()) != files:
+        raise RuntimeError(f"ls -lR {target}: wrong number of files")
+    elif name == "find | wc" and int(out) != files + dirs + 1:
+        raise RuntimeError(f"find {target}: {out.strip()} entries, wanted {files + dirs + 1}")
+    elif name == "rm -rf" and server_dir.exists():
+        raise RuntimeError(f"rm -rf {target}: {server_dir} still there on the server")
+    return seconds
+
+
+def link_packets(net):
+    """Packets that crossed the client end of the lab link so far, both ways."""
+    stats = Path("/sys/class/net", net.client_if, "statistics")
+    return int((stats / "rx_packets").read_text()) + int((stats / "tx_packets").read_text())
+
+
+def session_cpu(sid):
+    """CPU seconds used so far by the processes of session `sid`, with their reaped children's."""
+    ticks = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[3]) == sid:
+                    ticks += sum(map(int, fields[11:15]))  # utime, stime, cutime, cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def measure(server, mounts, local_tree, size):
+    """{tool: {step: [(seconds, packets, daemon CPU seconds) per round]}}.
+
+    `mounts` maps tool -> (its view of the share, the session id of its daemon's processes).
+    """
+    share = server.shares[KIND].path
+    results = {tool: collections.defaultdict(list) for tool in mounts}
+    for r in range(size["rounds"]):
+        for name in STEPS:
+            for tool, (root, sid) in mounts.items():
+                tree = f"{tool.split()[0]}-{r}"
+                packets, cpu = link_packets(server.net), session_cpu(sid)
+                seconds = step(name, local_tree, root / tree, share / tree, size["files"], size["dirs"])
+                results[tool][name].append(
+                    (seconds, link_packets(server.net) - packets, session_cpu(sid) - cpu))
+    return results
+
+
+def requests_per_step(server, local_tree, size, workdir):
+    """{step: Counter(opcode: count)} of offloadfs's FUSE requests, from a `-o debug` mount's log."""
+    counts = {}
+    share = server.shares[KIND].path
+    with offloadfs_debug_mount(server, KIND, workdir) as (mnt, log):
+        for name in STEPS:
+            offset = log.stat().st_size
+            step(name, local_tree, mnt / "debug", share / "debug", size["files"], size["dirs"])
+            with open(log) as f:
+                f.seek(offset)
+                counts[name] = collections.Counter(REQUEST.findall(f.read()))
+    return counts
+
+
+def print_tables(results, requests, size):
+    median = {tool: {name: [statistics.median(column) for column in zip(*runs)] for name, runs in steps.items()}
+              for tool, steps in results.items()}
+    tools = list(median)
+    heading = f"  {'step':10}" + "".join(f"{tool:>14}" for tool in tools)
+    print(f"metadata on a Samba {KIND} share behind a {RATE} link: {size['files']} files of 4 KiB in "
+          f"{size['dirs']} directories; median of {size['rounds']} round(s); "
+          f"rclone mount {' '.join(RCLONE_OPTIONS)}")
+    print("seconds")
+    print(heading + f"{'offloadfs/peer':>16}")
+    for name in STEPS:
+        ours = median["offloadfs"][name][0]
+        peer = min(median[tool][name][0] for tool in PEERS)
+        mark = "  slower than a peer" if ours / peer > MAX_RATIO else ""
+        print(f"  {name:10}" + "".join(f"{median[tool][name][0]:14.3f}" for tool in tools)
+              + f"{ours / peer:16.2f}{mark}")
+    for column, title, form in ((1, "packets on the client's link, both ways", "14.0f"),
+                                (2, "CPU seconds of each tool's daemon processes", "14.2f")):
+        print(title)
+        print(heading)
+        for name in STEPS:
+            print(f"  {name:10}" + "".join(f"{median[tool][name][column]:{form}}" for tool in tools))
+    print("offloadfs FUSE requests per step (-o debug pass)")
+    for name, counter in requests.items():
+        top = ", ".join(f"{op} {n}" for op, n in counter.most_common())
+        print(f"  {name:10} {sum(counter.values()):7}  {top}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="200 files, one round")
+    size = QUICK if parser.parse_args().quick else FULL
+    install_peers()
+    with contextlib.ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="offloadfs-metabench-")))
+        local_tree = workdir / "tree"
+        make_tree(local_tree, size["files"], size["dirs"])
+        server = stack.enter_context(samba_lab((KIND,), rate=RATE)).server
+        ours = stack.enter_context(share_mount(server, KIND))
+        mounts = {
+            "offloadfs": (ours, status(ours)["pid"]),  # the daemon leads a session of its own
+            "rclone mount": stack.enter_context(rclone_mount(server, KIND, workdir)),
+            "smbnetfs": stack.enter_context(smbnetfs_mount(server, KIND, workdir)),
+        }
+        for root, _ in mounts.values():
+            os.listdir(root)  # connected and logged in before the clock starts
+        results = measure(server, mounts, local_tree, size)
+        requests = requests_per_step(server, local_tree, size, workdir)
+    print_tables(results, requests, size)
+
+
+if __name__ == "__main__":
+    main()
