@@ -1,9 +1,13 @@
 """The filesystem: FUSE operations on inodes and handles, turned into backend calls.
 
 It owns the inode table (nodeid -> backend node, with the kernel's lookup
-count), the open handles, and a small attribute cache.  A mount holds one or
-more sources; with several, the root is a directory of their names, so
-that a copy between two servers still reaches us as one copy request.
+count), the open handles, and a small attribute cache.  A file is known by
+its backend identity (an NFS filehandle, an SMB file id), never by its inode
+number alone, and a new identity gets a new nodeid: the kernel must not mix
+two files' pages.
+A mount holds one or more sources; with several, the root is a directory of
+their names, so that a copy between two servers still reaches us as one
+copy request.
 """
 import dataclasses
 import errno
@@ -53,7 +57,8 @@ class Inode:
     nodeid: int
     source: Source | None  # None: the synthetic root of a multi-source mount
     node: object
-    key: tuple
+    key: tuple  # (source index, the backend's identity of the node)
+    ino: int
     lookups: int = 0
     pinned: bool = False  # source roots live as long as the mount
     stat: Stat | None = None
@@ -105,13 +110,13 @@ class Filesystem(Operations):
                 nodeid = next(self._nodeids)
             else:
                 nodeid = ROOT
-            inode = Inode(nodeid, src, node, (src.index, st.ino), pinned=True)
+            inode = Inode(nodeid, src, node, (src.index, src.backend.identity(node, st)), st.ino, pinned=True)
             self._cache(inode, st)
             self.inodes[nodeid] = inode
             self.by_key[inode.key] = inode
             self.roots[src.index] = inode
         if self.multi:
-            self.inodes[ROOT] = Inode(ROOT, None, None, ("root",), pinned=True)
+            self.inodes[ROOT] = Inode(ROOT, None, None, ("root",), ROOT, pinned=True)
 
     # -- plumbing -------------------------------------------------------------
 
@@ -147,7 +152,7 @@ class Filesystem(Operations):
             raise OSError(errno.EROFS, "read-only mount")
 
     def _ino_of(self, inode):
-        return ROOT if inode.source is None else self._ino(inode.source, inode.key[1])
+        return ROOT if inode.source is None else self._ino(inode.source, inode.ino)
 
     def _ino(self, source, ino):
         if not self.multi:
@@ -176,16 +181,16 @@ class Filesystem(Operations):
         inode.stat_expiry = 0.0
 
     def _entry(self, parent, name, node, st):
-        """Hand one lookup reference to the kernel, reusing the nodeid of a known inode."""
+        """Hand one lookup reference to the kernel, reusing the nodeid of a known file."""
         source = parent.source
-        key = (source.index, st.ino)
+        key = (source.index, source.backend.identity(node, st))
         inode = self.by_key.get(key)
         if inode is None:
-            inode = Inode(next(self._nodeids), source, node, key)
+            inode = Inode(next(self._nodeids), source, node, key, st.ino)
             self.inodes[inode.nodeid] = inode
             self.by_key[key] = inode
         elif node is not inode.node:
-            source.backend.forget(node)  # the same inode again: keep the node we have
+            source.backend.forget(node)  # the same file again: keep the node we have
         inode.lookups += 1
         inode.parent, inode.name = parent, name
         self._cache(inode, st)

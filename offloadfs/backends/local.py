@@ -124,6 +124,9 @@ class LocalBackend(Backend):
     def forget(self, node):
         os.close(node.fd)
 
+    def identity(self, node, st):
+        return st.ino  # the O_PATH descriptor holds the inode: its number is not reused meanwhile
+
     async def getattr(self, node, file=None):
         return self._stat(os.fstat(file.fd if file else node.fd))
 
