@@ -2,13 +2,19 @@
 
 Each case was seen on the lab: a new file taken for a deleted one that had
 the same inode number, attributes that hid a write or a link count change,
-an open that read a file's old size, and the daemon's umask on new files.
+an open that read a file's old size, the daemon's umask on new files, and
+an impossible size from a server that made the mount's root unusable.
 """
 
+import errno
 import os
 import subprocess
 import sys
 import time
+
+import pytest
+
+from offloadfs.lab.proxy import RPC, Proxy
 
 
 def _in_new_process(code):
@@ -37,6 +43,29 @@ def test_a_new_file_that_took_a_deleted_files_inode_number_is_that_new_file(moun
     assert seen.stat().st_size == 12
 
 
+def test_a_passthrough_write_past_the_end_shows_in_fstat(mount, backing):
+    mnt = mount(backing("ext4"), ["passthrough"])
+    fd = os.open(mnt.path / "f", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, b"x" * 10, 100)
+        assert os.fstat(fd).st_size == 110
+    finally:
+        os.close(fd)
+    assert (mnt.path / "f").stat().st_size == 110
+
+
+@pytest.mark.parametrize("where", ["local-ext4", "nfsd"])
+def test_link_count_after_unlink_of_another_name(where, mount_on):
+    """The strict POSIX sequence: the last lstat must count the two names left."""
+    mnt = mount_on(where, ["allow_other"])
+    d = str(mnt.path)
+    for step in ("open(f'{d}/a', 'w').close()", "os.link(f'{d}/a', f'{d}/b')", "os.link(f'{d}/b', f'{d}/c')",
+                 "os.chmod(f'{d}/b', 0o201)", "os.chown(f'{d}/b', 65534, 65533)", "os.unlink(f'{d}/a')"):
+        _in_new_process(f"import os; d = {d!r}; {step}")
+    st = os.lstat(mnt.path / "b")
+    assert (st.st_nlink, st.st_mode & 0o7777, st.st_uid, st.st_gid) == (2, 0o201, 65534, 65533)
+
+
 def test_new_files_take_the_callers_umask_not_the_daemons(mount, backing):
     mnt = mount(backing("ext4"))
     d = str(mnt.path)
@@ -46,3 +75,27 @@ def test_new_files_take_the_callers_umask_not_the_daemons(mount, backing):
     _in_new_process(code)
     modes = {n: os.lstat(mnt.backing / n).st_mode & 0o777 for n in ("d", "f", "p", "e")}
     assert modes == {"d": 0o777, "f": 0o666, "p": 0o666, "e": 0o750}
+
+
+def test_an_impossible_size_of_the_root_fails_that_request_only(ganesha, mount):
+    """A size past LLONG_MAX handed to the kernel marks the node bad; the root stays bad until
+    remount.  The daemon must refuse the reply, and serve the next one."""
+    place, lab = ganesha
+    url, view = place.fresh_dir()
+    (view / "g").write_bytes(b"abc")
+    root = os.stat(view)
+    # The size and fileid of the root, back to back as in every GETATTR of ours (SIZE, FILEID).
+    truth = root.st_size.to_bytes(8, "big") + root.st_ino.to_bytes(8, "big")
+    server = lab.server
+    with Proxy((server.host, server.port), RPC) as proxy:
+        mnt = mount(f"nfs://127.0.0.1:{proxy.port}{url.split(server.host, 1)[1]}", ["attr_timeout=0"])
+        assert os.stat(mnt.path).st_size == root.st_size
+        for impossible in ((1 << 64) - 1, 1 << 63):
+            lie = impossible.to_bytes(8, "big") + truth[8:]
+            proxy.mutator = lambda record: RPC.frame(record.replace(truth, lie))
+            with pytest.raises(OSError) as e:
+                os.stat(mnt.path)
+            assert e.value.errno == errno.EIO
+            proxy.mutator = None
+            assert os.stat(mnt.path).st_size == root.st_size
+            assert (mnt.path / "g").read_bytes() == b"abc"

@@ -106,7 +106,7 @@ MIN_READ_BUFFER = 8192
 
 in_header = struct.Struct("=IIQQIIIHH")
 out_header = struct.Struct("=IiQ")
-attr = struct.Struct("=QQQQQQIIIIIIIIII")
+attr = struct.Struct("=QQQqqqIIIIIIIIII")  # times are signed: before 1970 is negative
 entry_out = struct.Struct("=QQQQII" + attr.format[1:])
 attr_out = struct.Struct("=QII" + attr.format[1:])
 init_in = struct.Struct("=IIII")
