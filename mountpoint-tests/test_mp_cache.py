@@ -66,6 +66,43 @@ def test_link_count_after_unlink_of_another_name(where, mount_on):
     assert (st.st_nlink, st.st_mode & 0o7777, st.st_uid, st.st_gid) == (2, 0o201, 65534, 65533)
 
 
+def _close_to_open(first, second, backing):
+    """``first`` read a file; it is rewritten through ``second`` and on the server's disk: an open
+    through ``first`` must see each new content and size."""
+    (first / "f").write_bytes(b"abc")
+    assert (first / "f").read_bytes() == b"abc"
+    assert os.stat(first / "f").st_size == 3
+    (second / "f").write_bytes(b"y" * 100_000)
+    with open(first / "f", "rb") as f:
+        assert os.fstat(f.fileno()).st_size == 100_000
+        assert f.read() == b"y" * 100_000
+    assert os.stat(first / "f").st_size == 100_000
+    (backing / "f").write_bytes(b"z" * 5000)
+    assert (first / "f").read_bytes() == b"z" * 5000
+
+
+def test_close_to_open_between_two_local_mounts(mount, backing):
+    src = backing("ext4")
+    _close_to_open(mount(src).path, mount(src).path, src)
+
+
+def test_close_to_open_between_two_ganesha_mounts(ganesha, mount):
+    place, _ = ganesha
+    url, view = place.fresh_dir()
+    _close_to_open(mount(url).path, mount(url).path, view)
+
+
+def test_an_unchanged_file_keeps_its_cached_pages_on_open(mount, backing):
+    """Close-to-open checks the file; pages of a file nobody changed are read once."""
+    mnt = mount(backing("ext4"))
+    (mnt.path / "f").write_bytes(b"k" * 1_000_000)
+    (mnt.path / "f").read_bytes()
+    before = mnt.counters()["fuse_read_bytes"]
+    for _ in range(3):
+        assert (mnt.path / "f").read_bytes() == b"k" * 1_000_000
+    assert mnt.counters()["fuse_read_bytes"] == before
+
+
 def test_new_files_take_the_callers_umask_not_the_daemons(mount, backing):
     mnt = mount(backing("ext4"))
     d = str(mnt.path)

@@ -1,8 +1,11 @@
 """What the filesystem caches about files, for how long, and when it asks the server again.
 
-The guarantees are the Linux NFS client's.  A stat() may be at most
-attr_timeout old, counting the time the kernel holds an answer: what the
-daemon hands on from its own cache carries only the time it has left.  A file open in passthrough is never served from the cache: the
+The guarantees are the Linux NFS client's.  An open() asks the server for the
+file's attributes; the kernel keeps the file's cached pages only if the file
+did not change since it last saw it (close-to-open).  A stat() without an
+open may be at most attr_timeout old, counting the time the kernel holds an
+answer: what the daemon hands on from its own cache carries only the time it
+has left.  A file open in passthrough is never served from the cache: the
 kernel writes it without us.
 
 Every Stat is checked where it enters (``check``): the kernel marks an inode
@@ -53,6 +56,11 @@ def check(where, st, fmt=None):
     return st
 
 
+def version(st):
+    """What changes whenever a file's data does (the kernel drops its pages on mtime or size)."""
+    return st.mtime_ns, st.ctime_ns, st.size
+
+
 class AttrCache:
     """Attributes per inode (held in the Inode's ``stat`` and ``stat_expiry``) and their lifetime."""
 
@@ -73,7 +81,7 @@ class AttrCache:
 
     @staticmethod
     def drop(inode):
-        """The file changed: ask again next time."""
+        """The file changed: ask again next time (the last attributes stay, to compare on open)."""
         inode.stat_expiry = 0.0
 
     def ttl(self, inode):
@@ -82,3 +90,10 @@ class AttrCache:
         if inode.passthrough:
             return 0.0
         return max(0.0, min(self.timeout, inode.stat_expiry - time.monotonic()))
+
+    def reopened(self, where, inode, st):
+        """An open() found ``st`` at the server: True if the file is as the kernel last saw it,
+        so its cached pages may stay.  ``st`` is what the kernel sees from now on."""
+        unchanged = inode.stat is not None and version(inode.stat) == version(st)
+        self.store(where, inode, st)
+        return unchanged

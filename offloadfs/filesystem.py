@@ -384,22 +384,33 @@ class Filesystem(Operations):
             raise OSError(errno.EROFS, "read-only mount")
         return flags
 
-    def _opened(self, inode, file):
+    def _opened(self, inode, file, keep_cache=False):
         fh = next(self._fhs)
         backend = inode.source.backend
         backing = backend.backing_fd(file) if self.passthrough and isinstance(backend, Passthrough) else None
         self.handles[fh] = Handle(inode, file, passthrough=backing is not None)
         inode.passthrough += backing is not None
-        return Opened(fh, backing_fd=backing)
+        return Opened(fh, backing_fd=backing, keep_cache=keep_cache)
 
     async def open(self, ctx, nodeid, flags, kill_suidgid):
+        """Close-to-open: the file's attributes come from the server, and the kernel keeps the
+        pages it cached only if the file is as it last saw it."""
         inode = self._dir(nodeid)
-        file = await inode.source.backend.open(inode.node, self._open_flags(flags))
-        if flags & os.O_TRUNC:
-            self._stale(inode)
-            if kill_suidgid:
-                await self._kill_suidgid(inode, file)
-        return self._opened(inode, file)
+        backend = inode.source.backend
+        file = await backend.open(inode.node, self._open_flags(flags))
+        try:
+            if flags & os.O_TRUNC:
+                self._stale(inode)
+                if kill_suidgid:
+                    await self._kill_suidgid(inode, file)
+                keep = False
+            else:
+                keep = self.cache.reopened(self._where(inode), inode, await backend.getattr(inode.node, file))
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await backend.release(file)
+            raise
+        return self._opened(inode, file, keep)
 
     async def create(self, ctx, parent, name, mode, flags):
         self._writable()

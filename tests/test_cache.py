@@ -2,6 +2,7 @@
 import dataclasses
 import errno
 import logging
+import os
 import stat
 
 import pytest
@@ -78,3 +79,18 @@ async def test_cached_attributes_reach_the_kernel_with_the_time_they_have_left(t
     _, ttl = await fs.getattr(ROOT_CTX, entry.nodeid, None)
     assert 9 < ttl <= 10
 
+
+async def test_open_keeps_pages_only_of_a_file_that_did_not_change(tmp_path):
+    (tmp_path / "f").write_bytes(b"abc")
+    fs = Filesystem({"s": LocalBackend(str(tmp_path), {})}, Options(), Stats("/mnt", {}))
+    await fs.start()
+    entry = await fs.lookup(ROOT_CTX, 1, b"f")
+    first = await fs.open(ROOT_CTX, entry.nodeid, os.O_RDONLY, False)
+    assert first.keep_cache
+    (tmp_path / "f").write_bytes(b"changed by another client")
+    second = await fs.open(ROOT_CTX, entry.nodeid, os.O_RDONLY, False)
+    assert not second.keep_cache
+    attr, _ = await fs.getattr(ROOT_CTX, entry.nodeid, None)
+    assert attr.size == 25
+    for opened in (first, second):
+        await fs.release(ROOT_CTX, entry.nodeid, opened.fh)

@@ -73,6 +73,7 @@ INIT_EXT = 1 << 30
 PASSTHROUGH = 1 << 37
 
 # fuse_open_out.open_flags
+FOPEN_KEEP_CACHE = 1 << 1
 FOPEN_PASSTHROUGH = 1 << 7
 
 # fuse_setattr_in.valid
