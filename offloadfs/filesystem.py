@@ -1,9 +1,13 @@
 """The filesystem: FUSE operations on inodes and handles, turned into backend calls.
 
 It owns the inode table (nodeid -> backend node, with the kernel's lookup
-count), the open handles, and a small attribute cache.  A mount holds one or
-more sources; with several, the root is a directory of their names, so
-that a copy between two servers still reaches us as one copy request.
+count), the names the kernel holds, and the open handles; cache.py decides
+what is cached and for how long.  A file is known by its backend identity
+(an NFS filehandle, an SMB file id), never by its inode number alone, and a
+new identity gets a new nodeid: the kernel must not mix two files' pages.
+A mount holds one or more sources; with several, the root is a directory of
+their names, so that a copy between two servers still reaches us as one
+copy request.
 """
 import dataclasses
 import errno
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 import trio
 
 from .backends.base import CALLER, Allocate, Caller, Passthrough, SeekData, Stat
+from .cache import AttrCache, check
 from .fuse.operations import NOW, DirEntry, Entry, Operations, Opened
 from .planner import Endpoint, Planner
 
@@ -26,6 +31,7 @@ log = logging.getLogger(__name__)
 ROOT = 1
 STATUS_XATTR = b"user.offloadfs.status"
 SEEK_DATA, SEEK_HOLE = 3, 4
+RENAME_EXCHANGE = 2
 NAME_MAX = 255
 
 
@@ -53,13 +59,17 @@ class Inode:
     nodeid: int
     source: Source | None  # None: the synthetic root of a multi-source mount
     node: object
-    key: tuple
+    key: tuple  # (source index, the backend's identity of the node)
+    ino: int
+    fmt: int  # S_IFMT bits: fixed for a nodeid (the kernel marks a node whose type changes bad)
     lookups: int = 0
     pinned: bool = False  # source roots live as long as the mount
     stat: Stat | None = None
     stat_expiry: float = 0.0
     parent: "Inode | None" = None  # where it was last looked up: for names in `offloadfs status`
     name: bytes = b""
+    names: set = field(default_factory=set)  # (parent nodeid, name) the kernel may hold for it
+    passthrough: int = 0  # handles open in passthrough: the kernel writes them without us
 
 
 @dataclass(slots=True)
@@ -68,6 +78,7 @@ class Handle:
     file: object = None
     caller: Caller = field(default_factory=CALLER.get)  # who opened it: its requests act for them
     listing: list = field(default_factory=list)  # directories: the snapshot readdir pages through
+    passthrough: bool = False
 
 
 def check_name(name):
@@ -86,8 +97,10 @@ class Filesystem(Operations):
         self.planner = Planner(stats, options.offload)
         self.sources = [Source(name, backend, i) for i, (name, backend) in enumerate(sources.items())]
         self.multi = len(self.sources) > 1
+        self.cache = AttrCache(options.attr_timeout)
         self.inodes = {}
         self.by_key = {}
+        self.dentries = {}  # (parent nodeid, name) -> Inode: what unlink and rename change
         self.handles = {}
         self._nodeids = itertools.count(ROOT + 1)
         self._fhs = itertools.count(1)
@@ -99,19 +112,21 @@ class Filesystem(Operations):
         """Open every source's root; runs before the mount so that bad sources fail the mount."""
         for src in self.sources:
             node, st = await src.backend.root()
+            check(src.backend.url, st)
             if not stat.S_ISDIR(st.mode):
                 raise NotADirectoryError(errno.ENOTDIR, f"{src.backend.url}: not a directory")
             if self.multi:
                 nodeid = next(self._nodeids)
             else:
                 nodeid = ROOT
-            inode = Inode(nodeid, src, node, (src.index, st.ino), pinned=True)
+            inode = Inode(nodeid, src, node, (src.index, src.backend.identity(node, st)), st.ino, stat.S_IFDIR,
+                          pinned=True)
             self._cache(inode, st)
             self.inodes[nodeid] = inode
             self.by_key[inode.key] = inode
             self.roots[src.index] = inode
         if self.multi:
-            self.inodes[ROOT] = Inode(ROOT, None, None, ("root",), pinned=True)
+            self.inodes[ROOT] = Inode(ROOT, None, None, ("root",), ROOT, stat.S_IFDIR, pinned=True)
 
     # -- plumbing -------------------------------------------------------------
 
@@ -147,7 +162,7 @@ class Filesystem(Operations):
             raise OSError(errno.EROFS, "read-only mount")
 
     def _ino_of(self, inode):
-        return ROOT if inode.source is None else self._ino(inode.source, inode.key[1])
+        return ROOT if inode.source is None else self._ino(inode.source, inode.ino)
 
     def _ino(self, source, ino):
         if not self.multi:
@@ -166,30 +181,58 @@ class Filesystem(Operations):
             changes["mode"] = st.mode & ~o.umask
         return dataclasses.replace(st, **changes)
 
-    def _cache(self, inode, st):
-        inode.stat = st
-        inode.stat_expiry = time.monotonic() + self.options.attr_timeout
-        return st
+    def _where(self, inode, name=None):
+        """Source and path of a file, for a log line."""
+        path = self._path(inode) + ("/" + os.fsdecode(name) if name else "")
+        return f"{inode.source.backend.url} ({path or '/'})"
 
-    @staticmethod
-    def _stale(inode):
-        inode.stat_expiry = 0.0
+    def _cache(self, inode, st):
+        return self.cache.store(self._where(inode), inode, st)
+
+    def _stale(self, inode):
+        self.cache.drop(inode)
+
+    def _ttl(self, inode):
+        return self.options.attr_timeout if inode.source is None else self.cache.ttl(inode)
 
     def _entry(self, parent, name, node, st):
-        """Hand one lookup reference to the kernel, reusing the nodeid of a known inode."""
+        """Hand one lookup reference to the kernel, reusing the nodeid of a known file."""
         source = parent.source
-        key = (source.index, st.ino)
+        try:
+            key = (source.index, source.backend.identity(node, check(self._where(parent, name), st)))
+        except BaseException:
+            source.backend.forget(node)
+            raise
         inode = self.by_key.get(key)
         if inode is None:
-            inode = Inode(next(self._nodeids), source, node, key)
+            inode = Inode(next(self._nodeids), source, node, key, st.ino, stat.S_IFMT(st.mode))
             self.inodes[inode.nodeid] = inode
             self.by_key[key] = inode
         elif node is not inode.node:
-            source.backend.forget(node)  # the same inode again: keep the node we have
+            source.backend.forget(node)  # the same file again: keep the node we have
+        self._cache(inode, st)  # refuses a known file whose type changed: nothing is handed out
         inode.lookups += 1
+        self._name(parent, name, inode)
+        return Entry(inode.nodeid, self._attr(inode, st), self.options.entry_timeout, self._ttl(inode))
+
+    def _name(self, parent, name, inode):
+        """The kernel holds ``name`` in ``parent`` for ``inode`` now."""
         inode.parent, inode.name = parent, name
-        self._cache(inode, st)
-        return Entry(inode.nodeid, self._attr(inode, st), self.options.entry_timeout, self.options.attr_timeout)
+        key = (parent.nodeid, name)
+        old = self.dentries.get(key)
+        if old is not inode:
+            if old is not None:
+                old.names.discard(key)
+            self.dentries[key] = inode
+            inode.names.add(key)
+
+    def _unname(self, parent, name):
+        """``name`` left ``parent``: the file it named changed (link count, ctime); returns that file."""
+        inode = self.dentries.pop((parent.nodeid, name), None)
+        if inode is not None:
+            inode.names.discard((parent.nodeid, name))
+            self._stale(inode)
+        return inode
 
     def forget(self, nodeid, nlookup):
         inode = self.inodes.get(nodeid)
@@ -199,6 +242,9 @@ class Filesystem(Operations):
         if inode.lookups <= 0 and not inode.pinned:
             del self.inodes[nodeid]
             self.by_key.pop(inode.key, None)
+            for key in inode.names:
+                if self.dentries.get(key) is inode:
+                    del self.dentries[key]
             inode.source.backend.forget(inode.node)
 
     def begin(self, ctx):
@@ -213,10 +259,9 @@ class Filesystem(Operations):
             for src in self.sources:
                 if os.fsencode(src.name) == name:
                     root = self.roots[src.index]
-                    root.lookups += 1
                     st = await self._getattr(root, None)
-                    return Entry(root.nodeid, self._attr(root, st), self.options.entry_timeout,
-                                 self.options.attr_timeout)
+                    root.lookups += 1
+                    return Entry(root.nodeid, self._attr(root, st), self.options.entry_timeout, self._ttl(root))
             raise OSError(errno.ENOENT, "no such source")
         node, st = await inode.source.backend.lookup(inode.node, name)
         return self._entry(inode, name, node, st)
@@ -226,15 +271,16 @@ class Filesystem(Operations):
             t = int(self.stats.since * 1e9)
             return Stat(ino=ROOT, mode=stat.S_IFDIR | 0o755, nlink=2 + len(self.sources),
                         atime_ns=t, mtime_ns=t, ctime_ns=t)
-        if inode.stat is not None and time.monotonic() < inode.stat_expiry:
-            return inode.stat
-        return self._cache(inode, await inode.source.backend.getattr(inode.node, file))
+        st = self.cache.fresh(inode)
+        if st is None:
+            st = self._cache(inode, await inode.source.backend.getattr(inode.node, file))
+        return st
 
     async def getattr(self, ctx, nodeid, fh):
         inode = self._inode(nodeid)
         file = self.handles[fh].file if fh in self.handles else None
         st = await self._getattr(inode, file)
-        return self._attr(inode, st), self.options.attr_timeout
+        return self._attr(inode, st), self._ttl(inode)
 
     async def setattr(self, ctx, nodeid, ch):
         self._writable()
@@ -248,7 +294,7 @@ class Filesystem(Operations):
             inode.node, file, mode=mode, uid=ch.uid, gid=ch.gid, size=ch.size,
             atime_ns=now if ch.atime_ns == NOW else ch.atime_ns,
             mtime_ns=now if ch.mtime_ns == NOW else ch.mtime_ns)
-        return self._attr(inode, self._cache(inode, st)), self.options.attr_timeout
+        return self._attr(inode, self._cache(inode, st)), self._ttl(inode)
 
     async def _killed_mode(self, inode, file):
         """The mode with setuid and group-executable setgid cleared, or None if nothing to clear."""
@@ -301,6 +347,7 @@ class Filesystem(Operations):
         backend = dir.source.backend
         await (backend.rmdir if rmdir else backend.unlink)(dir.node, name)
         self._stale(dir)
+        self._unname(dir, name)
 
     async def unlink(self, ctx, parent, name):
         await self._remove(parent, name, False)
@@ -318,6 +365,11 @@ class Filesystem(Operations):
         await old.source.backend.rename(old.node, name, new.node, newname, flags)
         self._stale(old)
         self._stale(new)
+        moved, replaced = self._unname(old, name), self._unname(new, newname)
+        if moved is not None:
+            self._name(new, newname, moved)
+        if replaced is not None and flags & RENAME_EXCHANGE:
+            self._name(old, name, replaced)
 
     # -- files ------------------------------------------------------------------
 
@@ -332,21 +384,33 @@ class Filesystem(Operations):
             raise OSError(errno.EROFS, "read-only mount")
         return flags
 
-    def _opened(self, inode, file):
+    def _opened(self, inode, file, keep_cache=False):
         fh = next(self._fhs)
-        self.handles[fh] = Handle(inode, file)
         backend = inode.source.backend
         backing = backend.backing_fd(file) if self.passthrough and isinstance(backend, Passthrough) else None
-        return Opened(fh, backing_fd=backing)
+        self.handles[fh] = Handle(inode, file, passthrough=backing is not None)
+        inode.passthrough += backing is not None
+        return Opened(fh, backing_fd=backing, keep_cache=keep_cache)
 
     async def open(self, ctx, nodeid, flags, kill_suidgid):
+        """Close-to-open: the file's attributes come from the server, and the kernel keeps the
+        pages it cached only if the file is as it last saw it."""
         inode = self._dir(nodeid)
-        file = await inode.source.backend.open(inode.node, self._open_flags(flags))
-        if flags & os.O_TRUNC:
-            self._stale(inode)
-            if kill_suidgid:
-                await self._kill_suidgid(inode, file)
-        return self._opened(inode, file)
+        backend = inode.source.backend
+        file = await backend.open(inode.node, self._open_flags(flags))
+        try:
+            if flags & os.O_TRUNC:
+                self._stale(inode)
+                if kill_suidgid:
+                    await self._kill_suidgid(inode, file)
+                keep = False
+            else:
+                keep = self.cache.reopened(self._where(inode), inode, await backend.getattr(inode.node, file))
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await backend.release(file)
+            raise
+        return self._opened(inode, file, keep)
 
     async def create(self, ctx, parent, name, mode, flags):
         self._writable()
@@ -389,6 +453,7 @@ class Filesystem(Operations):
         h = self.handles.pop(fh, None)
         if h is not None:
             self._stale(h.inode)
+            h.inode.passthrough -= h.passthrough
             await h.inode.source.backend.release(h.file)
 
     async def lseek(self, ctx, nodeid, fh, offset, whence):

@@ -2,8 +2,9 @@
 
 A backend serves one source.  It hands out opaque *nodes* (what names a file
 on the server: an O_PATH fd, an NFS filehandle, an SMB path) and *files*
-(open handles).  The filesystem keys nodes by ``Stat.ino``, which must be
-stable and unique within the source.
+(open handles).  The filesystem keys nodes by ``Backend.identity``, not by
+``Stat.ino`` alone: a server may give a deleted file's inode number to the
+next new file at once.
 
 Capabilities are separate protocols, as in rclone: the copy planner asks
 ``isinstance(backend, ServerCopy)`` instead of every backend carrying flags.
@@ -14,7 +15,7 @@ and the planner moves on to the next method.
 import contextvars
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Hashable, Protocol, runtime_checkable
 
 GROUPS_MAX = 16  # what AUTH_SYS carries
 GROUPS_TTL = 1.0  # seconds a process's groups read from /proc serve its next requests
@@ -117,6 +118,13 @@ class Backend:
     async def root(self) -> tuple[object, Stat]: raise NotImplementedError
     async def lookup(self, dir, name: bytes) -> tuple[object, Stat]: raise NotImplementedError
     def forget(self, node) -> None: raise NotImplementedError
+
+    def identity(self, node, st: Stat) -> Hashable:
+        """What tells the file of ``node`` (found with attributes ``st``) from every other file of
+        the source, for as long as the node is held: a new identity gets a new nodeid, so that the
+        kernel never takes a new file for one it knew."""
+        raise NotImplementedError
+
     async def getattr(self, node, file=None) -> Stat: raise NotImplementedError
 
     async def setattr(self, node, file=None, *, mode=None, uid=None, gid=None, size=None,

@@ -7,6 +7,7 @@ symlink out of the source.  Plain reads and writes run inline (page-cache
 copies cost less than a thread hop); long copies run in worker threads in
 bounded chunks, so an interrupt is honoured between chunks.
 """
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -41,6 +42,18 @@ def _check(ret):
     if ret != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+
+
+@contextlib.contextmanager
+def _callers_mode():
+    """New files get the mode the kernel sent, which has the caller's umask applied already
+    (FUSE_DONT_MASK is not negotiated): the daemon's own umask must take nothing more away.
+    Set and restored around one synchronous call, so no other request runs in between."""
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
 
 
 @dataclass(slots=True)
@@ -111,6 +124,9 @@ class LocalBackend(Backend):
     def forget(self, node):
         os.close(node.fd)
 
+    def identity(self, node, st):
+        return st.ino  # the O_PATH descriptor holds the inode: its number is not reused meanwhile
+
     async def getattr(self, node, file=None):
         return self._stat(os.fstat(file.fd if file else node.fd))
 
@@ -149,12 +165,14 @@ class LocalBackend(Backend):
             os.chown(name, caller.uid, gid, dir_fd=dir.fd, follow_symlinks=False)
 
     async def mknod(self, dir, name, mode, rdev):
-        os.mknod(name, mode, rdev, dir_fd=dir.fd)
+        with _callers_mode():
+            os.mknod(name, mode, rdev, dir_fd=dir.fd)
         self._own(dir, name)
         return self._node(dir, name)
 
     async def mkdir(self, dir, name, mode):
-        os.mkdir(name, mode, dir_fd=dir.fd)
+        with _callers_mode():
+            os.mkdir(name, mode, dir_fd=dir.fd)
         self._own(dir, name)
         return self._node(dir, name)
 
@@ -184,7 +202,8 @@ class LocalBackend(Backend):
         return File(os.open(node.proc, flags | os.O_CLOEXEC))
 
     async def create(self, dir, name, flags, mode):
-        fd = os.open(name, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir.fd)
+        with _callers_mode():
+            fd = os.open(name, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir.fd)
         try:
             self._own(dir, name)
             node, st = self._node(dir, name)

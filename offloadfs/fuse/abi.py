@@ -73,6 +73,7 @@ INIT_EXT = 1 << 30
 PASSTHROUGH = 1 << 37
 
 # fuse_open_out.open_flags
+FOPEN_KEEP_CACHE = 1 << 1
 FOPEN_PASSTHROUGH = 1 << 7
 
 # fuse_setattr_in.valid
@@ -106,7 +107,7 @@ MIN_READ_BUFFER = 8192
 
 in_header = struct.Struct("=IIQQIIIHH")
 out_header = struct.Struct("=IiQ")
-attr = struct.Struct("=QQQQQQIIIIIIIIII")
+attr = struct.Struct("=QQQqqqIIIIIIIIII")  # times are signed: before 1970 is negative
 entry_out = struct.Struct("=QQQQII" + attr.format[1:])
 attr_out = struct.Struct("=QII" + attr.format[1:])
 init_in = struct.Struct("=IIII")

@@ -33,6 +33,9 @@ class Opened:
     """The answer to open/create/opendir."""
     fh: int
     backing_fd: int | None = None  # a file to hand to FUSE passthrough
+    # open() only: the file is as the kernel last saw it, so it keeps its cached pages and
+    # attributes; otherwise both are dropped (close-to-open).
+    keep_cache: bool = False
 
 
 @dataclass(slots=True)

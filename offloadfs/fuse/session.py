@@ -224,10 +224,12 @@ class Session:
 
     def _open_out(self, opened):
         if opened.backing_fd is None or not self.conn.passthrough:
-            return abi.open_out.pack(opened.fh, 0, 0)
+            return abi.open_out.pack(opened.fh, abi.FOPEN_KEEP_CACHE if opened.keep_cache else 0, 0)
         arg = bytearray(abi.backing_map.pack(opened.backing_fd, 0, 0))
         backing_id = fcntl.ioctl(self.fd, abi.DEV_IOC_BACKING_OPEN, arg, True)
         self._backing[opened.fh] = backing_id
+        # No page-cache flag: the kernel fails a passthrough open that has one (EIO); the pages
+        # are the backing file's.
         return abi.open_out.pack(opened.fh, abi.FOPEN_PASSTHROUGH, backing_id)
 
     def _close_backing(self, fh):
@@ -318,6 +320,11 @@ class Session:
     async def _open(self, ctx, nodeid, body):
         flags, open_flags = abi.open_in.unpack_from(body)
         opened = await self.ops.open(ctx, nodeid, flags, bool(open_flags & abi.FUSE_OPEN_KILL_SUIDGID))
+        if not opened.keep_cache:
+            # The pages go with the reply (no FOPEN_KEEP_CACHE); the attributes must go too, or
+            # reads stop at the old size.  A negative offset drops attributes only and takes no
+            # page lock, so this cannot wait on a READ we have yet to answer.
+            self.notify_inval_inode(nodeid, -1, 0)
         return (self._open_out(opened),)
 
     async def _create(self, ctx, nodeid, body):

@@ -217,6 +217,9 @@ class NFSBackend(Backend):
     def forget(self, node):
         pass  # a filehandle holds nothing on the server
 
+    def identity(self, node, st):
+        return node.fh  # a fileid may name the next new file at once (xfs), a filehandle never
+
     async def getattr(self, node, file=None):
         _, values = await self._call([ops.PutFH(node.fh), ops.GetAttr(self.stat_attrs)])
         return self._stat(values)

@@ -276,6 +276,9 @@ class SMBBackend(Capabilities, Backend):
         a, expiry = self._listed.pop(path, (None, 0))
         return a if trio.current_time() < expiry else None
 
+    def identity(self, node, st):
+        return node.ino  # the server's file id
+
     def forget(self, node):
         for p in node.paths:
             if self.nodes.get(p) is node:

@@ -1,0 +1,138 @@
+"""Trust under sharing: what a mount shows after other clients, or its own kernel, changed a file.
+
+Each case was seen on the lab: a new file taken for a deleted one that had
+the same inode number, attributes that hid a write or a link count change,
+an open that read a file's old size, the daemon's umask on new files, and
+an impossible size from a server that made the mount's root unusable.
+"""
+
+import errno
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from offloadfs.lab.proxy import RPC, Proxy
+
+
+def _in_new_process(code):
+    """Run ``code`` in a fresh Python: each step of a POSIX sequence is its own process, as in the suites."""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_new_file_that_took_a_deleted_files_inode_number_is_that_new_file(mount_on):
+    """nfsd on xfs gives the next new file the number at once (ganesha keeps the old file open)."""
+    mnt = mount_on("nfsd")
+    seen = mnt.path / "f"
+    seen.write_bytes(b"old")
+    assert seen.read_bytes() == b"old"  # this mount knows the file now
+    ino = os.stat(mnt.backing / "f").st_ino
+    (mnt.backing / "f").unlink()  # another client deletes it and makes a new one
+    for _ in range(40):  # the number is free once nfsd's file cache let the old file go
+        (mnt.backing / "f").write_bytes(b"the new file")
+        if os.stat(mnt.backing / "f").st_ino == ino:
+            break
+        (mnt.backing / "f").unlink()
+        time.sleep(0.5)
+    assert os.stat(mnt.backing / "f").st_ino == ino, "the server did not reuse the inode number"
+    with open(seen, "rb") as f:
+        assert f.read() == b"the new file"
+        assert os.fstat(f.fileno()).st_size == 12
+    assert seen.stat().st_size == 12
+
+
+def test_a_passthrough_write_past_the_end_shows_in_fstat(mount, backing):
+    mnt = mount(backing("ext4"), ["passthrough"])
+    fd = os.open(mnt.path / "f", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, b"x" * 10, 100)
+        assert os.fstat(fd).st_size == 110
+    finally:
+        os.close(fd)
+    assert (mnt.path / "f").stat().st_size == 110
+
+
+@pytest.mark.parametrize("where", ["local-ext4", "nfsd"])
+def test_link_count_after_unlink_of_another_name(where, mount_on):
+    """The strict POSIX sequence: the last lstat must count the two names left."""
+    mnt = mount_on(where, ["allow_other"])
+    d = str(mnt.path)
+    for step in ("open(f'{d}/a', 'w').close()", "os.link(f'{d}/a', f'{d}/b')", "os.link(f'{d}/b', f'{d}/c')",
+                 "os.chmod(f'{d}/b', 0o201)", "os.chown(f'{d}/b', 65534, 65533)", "os.unlink(f'{d}/a')"):
+        _in_new_process(f"import os; d = {d!r}; {step}")
+    st = os.lstat(mnt.path / "b")
+    assert (st.st_nlink, st.st_mode & 0o7777, st.st_uid, st.st_gid) == (2, 0o201, 65534, 65533)
+
+
+def _close_to_open(first, second, backing):
+    """``first`` read a file; it is rewritten through ``second`` and on the server's disk: an open
+    through ``first`` must see each new content and size."""
+    (first / "f").write_bytes(b"abc")
+    assert (first / "f").read_bytes() == b"abc"
+    assert os.stat(first / "f").st_size == 3
+    (second / "f").write_bytes(b"y" * 100_000)
+    with open(first / "f", "rb") as f:
+        assert os.fstat(f.fileno()).st_size == 100_000
+        assert f.read() == b"y" * 100_000
+    assert os.stat(first / "f").st_size == 100_000
+    (backing / "f").write_bytes(b"z" * 5000)
+    assert (first / "f").read_bytes() == b"z" * 5000
+
+
+def test_close_to_open_between_two_local_mounts(mount, backing):
+    src = backing("ext4")
+    _close_to_open(mount(src).path, mount(src).path, src)
+
+
+def test_close_to_open_between_two_ganesha_mounts(ganesha, mount):
+    place, _ = ganesha
+    url, view = place.fresh_dir()
+    _close_to_open(mount(url).path, mount(url).path, view)
+
+
+def test_an_unchanged_file_keeps_its_cached_pages_on_open(mount, backing):
+    """Close-to-open checks the file; pages of a file nobody changed are read once."""
+    mnt = mount(backing("ext4"))
+    (mnt.path / "f").write_bytes(b"k" * 1_000_000)
+    (mnt.path / "f").read_bytes()
+    before = mnt.counters()["fuse_read_bytes"]
+    for _ in range(3):
+        assert (mnt.path / "f").read_bytes() == b"k" * 1_000_000
+    assert mnt.counters()["fuse_read_bytes"] == before
+
+
+def test_new_files_take_the_callers_umask_not_the_daemons(mount, backing):
+    mnt = mount(backing("ext4"))
+    d = str(mnt.path)
+    code = (f"import os; os.umask(0); os.mkdir({d!r} + '/d', 0o777); "
+            f"os.close(os.open({d!r} + '/f', os.O_CREAT | os.O_WRONLY, 0o666)); os.mkfifo({d!r} + '/p', 0o666); "
+            f"os.umask(0o027); os.mkdir({d!r} + '/e', 0o777)")
+    _in_new_process(code)
+    modes = {n: os.lstat(mnt.backing / n).st_mode & 0o777 for n in ("d", "f", "p", "e")}
+    assert modes == {"d": 0o777, "f": 0o666, "p": 0o666, "e": 0o750}
+
+
+def test_an_impossible_size_of_the_root_fails_that_request_only(ganesha, mount):
+    """A size past LLONG_MAX handed to the kernel marks the node bad; the root stays bad until
+    remount.  The daemon must refuse the reply, and serve the next one."""
+    place, lab = ganesha
+    url, view = place.fresh_dir()
+    (view / "g").write_bytes(b"abc")
+    root = os.stat(view)
+    # The size and fileid of the root, back to back as in every GETATTR of ours (SIZE, FILEID).
+    truth = root.st_size.to_bytes(8, "big") + root.st_ino.to_bytes(8, "big")
+    server = lab.server
+    with Proxy((server.host, server.port), RPC) as proxy:
+        mnt = mount(f"nfs://127.0.0.1:{proxy.port}{url.split(server.host, 1)[1]}", ["attr_timeout=0"])
+        assert os.stat(mnt.path).st_size == root.st_size
+        for impossible in ((1 << 64) - 1, 1 << 63):
+            lie = impossible.to_bytes(8, "big") + truth[8:]
+            proxy.mutator = lambda record: RPC.frame(record.replace(truth, lie))
+            with pytest.raises(OSError) as e:
+                os.stat(mnt.path)
+            assert e.value.errno == errno.EIO
+            proxy.mutator = None
+            assert os.stat(mnt.path).st_size == root.st_size
+            assert (mnt.path / "g").read_bytes() == b"abc"

@@ -1,0 +1,99 @@
+"""What the filesystem caches about files, for how long, and when it asks the server again.
+
+The guarantees are the Linux NFS client's.  An open() asks the server for the
+file's attributes; the kernel keeps the file's cached pages only if the file
+did not change since it last saw it (close-to-open).  A stat() without an
+open may be at most attr_timeout old, counting the time the kernel holds an
+answer: what the daemon hands on from its own cache carries only the time it
+has left.  A file open in passthrough is never served from the cache: the
+kernel writes it without us.
+
+Every Stat is checked where it enters (``check``): the kernel marks an inode
+bad for the rest of the mount when handed an impossible attribute (a size
+past LLONG_MAX, a type that changed), so one bad reply fails one request with
+EIO, is never cached, and never reaches the kernel.
+"""
+import errno
+import logging
+import stat
+import time
+
+log = logging.getLogger(__name__)
+
+U32, U64 = 1 << 32, 1 << 64
+LLONG_MAX = (1 << 63) - 1
+NS = 1_000_000_000
+FILE_TYPES = frozenset({stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK, stat.S_IFCHR, stat.S_IFBLK,
+                        stat.S_IFIFO, stat.S_IFSOCK})
+
+
+def problem(st, fmt=None):
+    """What is impossible about ``st`` (for a node of type ``fmt``, if known), or None."""
+    if not 0 <= st.size <= LLONG_MAX:
+        return f"size {st.size}"
+    for name in ("ino", "blocks"):
+        if not 0 <= getattr(st, name) < U64:
+            return f"{name} {getattr(st, name)}"
+    for name in ("mode", "nlink", "uid", "gid", "rdev", "blksize"):
+        if not 0 <= getattr(st, name) < U32:
+            return f"{name} {getattr(st, name)}"
+    if stat.S_IFMT(st.mode) not in FILE_TYPES:
+        return f"mode {st.mode:#o}: no such file type"
+    if fmt is not None and stat.S_IFMT(st.mode) != fmt:
+        return f"mode {st.mode:#o}: the file was of type {fmt:#o}"
+    for name in ("atime_ns", "mtime_ns", "ctime_ns"):
+        if not -(1 << 63) <= getattr(st, name) // NS <= LLONG_MAX:
+            return f"{name} {getattr(st, name)}"
+    return None
+
+
+def check(where, st, fmt=None):
+    """``st`` as it came from ``where``; an impossible one fails the request, with one log line."""
+    what = problem(st, fmt)
+    if what is not None:
+        log.error("%s: impossible attributes refused (%s)", where, what)
+        raise OSError(errno.EIO, f"impossible attributes from the server ({what})")
+    return st
+
+
+def version(st):
+    """What changes whenever a file's data does (the kernel drops its pages on mtime or size)."""
+    return st.mtime_ns, st.ctime_ns, st.size
+
+
+class AttrCache:
+    """Attributes per inode (held in the Inode's ``stat`` and ``stat_expiry``) and their lifetime."""
+
+    def __init__(self, timeout):
+        self.timeout = timeout
+
+    def fresh(self, inode):
+        """The cached attributes, or None when they must be asked for."""
+        if inode.stat is None or inode.passthrough or time.monotonic() >= inode.stat_expiry:
+            return None
+        return inode.stat
+
+    def store(self, where, inode, st):
+        """Keep ``st`` (checked) for attr_timeout."""
+        inode.stat = check(where, st, inode.fmt)
+        inode.stat_expiry = time.monotonic() + self.timeout
+        return st
+
+    @staticmethod
+    def drop(inode):
+        """The file changed: ask again next time (the last attributes stay, to compare on open)."""
+        inode.stat_expiry = 0.0
+
+    def ttl(self, inode):
+        """How long the kernel may keep attributes of ``inode`` handed out now: what is left of
+        ours, so that the two caches together stay within attr_timeout."""
+        if inode.passthrough:
+            return 0.0
+        return max(0.0, min(self.timeout, inode.stat_expiry - time.monotonic()))
+
+    def reopened(self, where, inode, st):
+        """An open() found ``st`` at the server: True if the file is as the kernel last saw it,
+        so its cached pages may stay.  ``st`` is what the kernel sees from now on."""
+        unchanged = inode.stat is not None and version(inode.stat) == version(st)
+        self.store(where, inode, st)
+        return unchanged

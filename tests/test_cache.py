@@ -1,0 +1,96 @@
+"""The attribute checks and the cache's lifetimes, and the filesystem refusing what the kernel would not take."""
+import dataclasses
+import errno
+import logging
+import os
+import stat
+
+import pytest
+
+from offloadfs.backends.base import Stat
+from offloadfs.backends.local import LocalBackend
+from offloadfs.cache import problem
+from offloadfs.filesystem import Filesystem, Options
+from offloadfs.fuse.operations import Ctx
+from offloadfs.stats import Stats
+
+ROOT_CTX = Ctx(0, 0, 1)
+GOOD = Stat(ino=5, mode=stat.S_IFREG | 0o644, size=3, mtime_ns=1)
+
+
+def test_a_plausible_stat_passes():
+    assert problem(GOOD) is None
+    assert problem(dataclasses.replace(GOOD, size=(1 << 63) - 1, mtime_ns=-1, ino=(1 << 64) - 1)) is None
+
+
+@pytest.mark.parametrize("change, what", [
+    ({"size": (1 << 64) - 1}, "size"), ({"size": 1 << 63}, "size"), ({"size": -1}, "size"),
+    ({"ino": 1 << 64}, "ino"), ({"blocks": -1}, "blocks"), ({"nlink": 1 << 32}, "nlink"),
+    ({"uid": -2}, "uid"), ({"mode": 0o644}, "no such file type"), ({"mode": 0o170644}, "no such file type"),
+    ({"mtime_ns": 1 << 100}, "mtime_ns"),
+])
+def test_impossible_values_are_named(change, what):
+    assert what in problem(dataclasses.replace(GOOD, **change))
+
+
+def test_a_changed_file_type_is_impossible_for_a_known_node():
+    assert "type" in problem(GOOD, stat.S_IFDIR)
+    assert problem(GOOD, stat.S_IFREG) is None
+
+
+class Lying(LocalBackend):
+    """A local source whose next getattr answers ``lie`` applied to the truth (no server sends it on demand)."""
+    lie = None
+
+    async def getattr(self, node, file=None):
+        st = await super().getattr(node, file)
+        lie, self.lie = self.lie, None
+        return dataclasses.replace(st, **lie) if lie else st
+
+
+async def test_one_impossible_reply_fails_one_request_and_is_never_cached(tmp_path, caplog):
+    (tmp_path / "f").write_bytes(b"abc")
+    backend = Lying(str(tmp_path), {})
+    fs = Filesystem({"s": backend}, Options(attr_timeout=0), Stats("/mnt", {}))
+    await fs.start()
+    entry = await fs.lookup(ROOT_CTX, 1, b"f")
+    for lie in ({"size": (1 << 64) - 1}, {"size": 1 << 63}, {"mode": stat.S_IFDIR | 0o755}):
+        backend.lie = lie
+        with caplog.at_level(logging.ERROR), pytest.raises(OSError) as e:
+            await fs.getattr(ROOT_CTX, entry.nodeid, None)
+        assert e.value.errno == errno.EIO
+        assert str(tmp_path) in caplog.records[-1].getMessage()
+        attr, _ = await fs.getattr(ROOT_CTX, entry.nodeid, None)  # the next request is served
+        assert (attr.size, stat.S_IFMT(attr.mode)) == (3, stat.S_IFREG)
+    backend.lie = {"size": 1 << 63}
+    with pytest.raises(OSError):
+        await fs.getattr(ROOT_CTX, 1, None)  # the root too
+    assert (await fs.getattr(ROOT_CTX, 1, None))[0].mode & stat.S_IFDIR
+
+
+async def test_cached_attributes_reach_the_kernel_with_the_time_they_have_left(tmp_path):
+    (tmp_path / "f").write_bytes(b"abc")
+    fs = Filesystem({"s": LocalBackend(str(tmp_path), {})}, Options(attr_timeout=30), Stats("/mnt", {}))
+    await fs.start()
+    entry = await fs.lookup(ROOT_CTX, 1, b"f")
+    assert 29 < entry.attr_timeout <= 30
+    inode = fs.inodes[entry.nodeid]
+    inode.stat_expiry -= 20  # as if looked up 20 s ago
+    _, ttl = await fs.getattr(ROOT_CTX, entry.nodeid, None)
+    assert 9 < ttl <= 10
+
+
+async def test_open_keeps_pages_only_of_a_file_that_did_not_change(tmp_path):
+    (tmp_path / "f").write_bytes(b"abc")
+    fs = Filesystem({"s": LocalBackend(str(tmp_path), {})}, Options(), Stats("/mnt", {}))
+    await fs.start()
+    entry = await fs.lookup(ROOT_CTX, 1, b"f")
+    first = await fs.open(ROOT_CTX, entry.nodeid, os.O_RDONLY, False)
+    assert first.keep_cache
+    (tmp_path / "f").write_bytes(b"changed by another client")
+    second = await fs.open(ROOT_CTX, entry.nodeid, os.O_RDONLY, False)
+    assert not second.keep_cache
+    attr, _ = await fs.getattr(ROOT_CTX, entry.nodeid, None)
+    assert attr.size == 25
+    for opened in (first, second):
+        await fs.release(ROOT_CTX, entry.nodeid, opened.fh)
