@@ -8,6 +8,7 @@ import pwd
 import grp
 import stat
 
+from ..base import NOW
 from .xdr import Packer, ProtocolError, Unpacker
 
 SUPPORTED_ATTRS, TYPE, SIZE, LEASE_TIME = 0, 1, 4, 10
@@ -23,6 +24,7 @@ FORMAT = {NF4REG: stat.S_IFREG, NF4DIR: stat.S_IFDIR, NF4BLK: stat.S_IFBLK, NF4C
           NF4LNK: stat.S_IFLNK, NF4SOCK: stat.S_IFSOCK, NF4FIFO: stat.S_IFIFO,
           NF4ATTRDIR: stat.S_IFDIR, NF4NAMEDATTR: stat.S_IFREG}
 DTYPE = {NF4REG: 8, NF4DIR: 4, NF4BLK: 6, NF4CHR: 2, NF4LNK: 10, NF4SOCK: 12, NF4FIFO: 1}
+SET_TO_SERVER_TIME4, SET_TO_CLIENT_TIME4 = 0, 1  # time_how4
 NOBODY = 65534
 MAX_OWNER = 1024
 
@@ -119,7 +121,7 @@ def mode_of(values):
 
 
 def encode(p: Packer, values):
-    """A fattr4 from {attribute number: value}: mode, size, owner/group ids, times (ns)."""
+    """A fattr4 from {attribute number: value}: mode, size, owner/group ids, times (ns, or base.NOW)."""
     body = Packer()
     for attr in sorted(values):
         v = values[attr]
@@ -129,8 +131,10 @@ def encode(p: Packer, values):
             body.u32(v & 0o7777)
         elif attr in (OWNER, OWNER_GROUP):
             body.opaque(str(v).encode())
+        elif attr in (TIME_ACCESS_SET, TIME_MODIFY_SET) and v == NOW:
+            body.u32(SET_TO_SERVER_TIME4)  # allowed to anyone who may write; a time of ours needs the owner
         elif attr in (TIME_ACCESS_SET, TIME_MODIFY_SET):
-            body.u32(1)  # SET_TO_CLIENT_TIME4
+            body.u32(SET_TO_CLIENT_TIME4)
             seconds, ns = divmod(v, 1_000_000_000)
             body.i64(seconds)
             body.u32(ns)
