@@ -342,6 +342,8 @@ def test_owner_names():
     assert attrs.uid_of(b"root@localdomain") == 0
     assert attrs.uid_of(b"no-such-user-here@x") == attrs.NOBODY
     assert attrs.gid_of(b"\xff\xfe") == attrs.NOBODY
+    for odd in ("²", "١٢", "99999999999", "4294967295", "a\0b"):  # digits to isdigit, too big, NUL
+        assert attrs.uid_of(odd.encode()) == attrs.NOBODY, odd
 
 
 def test_attribute_encoding_is_in_bit_order():

@@ -98,13 +98,15 @@ def decode(u, asked):
 
 
 def _id(name, lookup):
-    """An owner string -> a numeric id: "1000", "1000@domain" or "user@domain" (idmapping on)."""
+    """An owner string -> a numeric id: "1000", "1000@domain" or "user@domain" (idmapping on);
+    nobody for what maps to no id (str.isdigit takes "²" and "١", which int() refuses or reads)."""
     text = bytes(name).split(b"@", 1)[0].decode("utf-8", "replace")
-    if text.isdigit():
-        return int(text) & 0xFFFFFFFF
+    if text.isascii() and text.isdigit():
+        number = int(text)
+        return number if number < 0xFFFFFFFF else NOBODY  # -1 means "no id" to the kernel
     try:
         return lookup(text)
-    except KeyError:
+    except (KeyError, ValueError):  # ValueError: a NUL in the name
         return NOBODY
 
 
