@@ -8,14 +8,109 @@ protocol can tell (framing, XDR, statuses, listings) and that every failure
 is one clear EIO within the mount's timeout, never a hang or a dead daemon.
 """
 
+import contextlib
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from mpkit import sh
 
+from offloadfs.backends.nfs import ops
+from offloadfs.backends.nfs.xdr import ProtocolError, Unpacker
+from offloadfs.lab.loopfs import is_mounted
+from offloadfs.lab.mount import mount_args, unmount
+from offloadfs.lab.proxy import RPC, Proxy
+
 HANG_BOUND = 30  # seconds: anything slower is a hang
+FIXED_RESULTS = {ops.OP_SEQUENCE: 36, ops.OP_PUTFH: 0}  # result bytes after the status
+
+
+@pytest.fixture
+def proxied(ganesha):
+    """(Proxy in front of the session's ganesha, nfs:// URL of a fresh directory through it, its view)."""
+    place, lab = ganesha
+    url, view = place.fresh_dir()
+    view.chmod(0o777)
+    with Proxy((lab.server.host, 2049), RPC) as proxy:
+        yield proxy, url.replace(f"nfs://{lab.server.host}/", f"nfs://127.0.0.1:{proxy.port}/"), view
+    shutil.rmtree(view, ignore_errors=True)
+
+
+class Daemon:
+    """A foreground mount: its mountpoint, process and log (stderr)."""
+
+    def __init__(self, path, process, log):
+        self.path, self.process, self.log = path, process, log
+
+    def log_lines(self):
+        return self.log.read_text(errors="replace").splitlines()
+
+    def cpu_seconds(self):
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss(self):
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) << 10
+        raise AssertionError("no VmRSS")
+
+
+@contextlib.contextmanager
+def foreground_mount(url, options=()):
+    """Mount ``url`` with `offloadfs mount -f`, its log kept: yields a Daemon; unmounts on exit."""
+    mountpoint = Path(tempfile.mkdtemp(prefix="offloadfs-mnt-"))
+    log = mountpoint.with_suffix(".log")
+    with open(log, "wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "offloadfs", *mount_args(url, mountpoint, options), "-f"],
+                                   stdout=out, stderr=subprocess.STDOUT)
+    daemon = Daemon(mountpoint, process, log)
+    try:
+        deadline = time.monotonic() + HANG_BOUND
+        while not is_mounted(mountpoint):
+            assert process.poll() is None, "\n".join(daemon.log_lines())
+            assert time.monotonic() < deadline, "the mount never came up"
+            time.sleep(0.05)
+        yield daemon
+        assert process.poll() is None, "the daemon died:\n" + "\n".join(daemon.log_lines()[-30:])
+    finally:
+        unmount(mountpoint)
+        try:
+            process.wait(HANG_BOUND)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        mountpoint.rmdir()
+        log.unlink()
+
+
+def compound_results(record):
+    """[(operation, offset of its status)] of a COMPOUND reply, as far as results of known size
+    allow: the first result of another size (or a failed one) is the last listed; None if the
+    record is no accepted reply."""
+    try:
+        u = Unpacker(record)
+        _xid, kind, reply_stat = u.u32(), u.u32(), u.u32()
+        if kind != 1 or reply_stat != 0:
+            return None
+        u.u32(), u.opaque(400)  # verifier
+        if u.u32() != 0:
+            return None
+        u.u32(), u.opaque(1024)  # compound status, tag
+        found = []
+        for _ in range(u.u32()):
+            op, at = u.u32(), u.pos
+            found.append((op, at))
+            if u.u32() != 0 or op not in FIXED_RESULTS:
+                break
+            u.fixed(FIXED_RESULTS[op])
+        return found
+    except ProtocolError:
+        return None
 
 
 def as_user(*command):
@@ -50,3 +145,75 @@ def test_touch_sets_the_current_time_everywhere(mount_on, where):
     sh("touch", mnt.path / "f")
     st = os.stat(mnt.backing / "f")
     assert abs(st.st_mtime - before) < 600 and abs(st.st_atime - before) < 600, st
+
+
+class LoopingListing:
+    """Answers every READDIR with the first page it saw, eof never set: a listing that never ends."""
+
+    def __init__(self):
+        self.page = None
+        self.readdirs = 0
+
+    def __call__(self, record):
+        found = compound_results(record)
+        if not found or found[-1][0] != ops.OP_READDIR or record[found[-1][1]:found[-1][1] + 4] != bytes(4):
+            return RPC.frame(record)
+        self.readdirs += 1
+        start = found[-1][1] + 4  # the READDIR result after its status: verifier, entries, eof
+        if self.page is None:
+            self.page = record[start:-4]
+        return RPC.frame(record[:start] + self.page + bytes(4))
+
+
+def test_a_listing_that_never_ends_fails(proxied):
+    proxy, url, view = proxied
+    for i in range(50):
+        (view / f"f{i}").touch()
+    with foreground_mount(url, ["soft", "timeo=50", "retrans=1"]) as mnt:
+        proxy.mutator = looping = LoopingListing()
+        ls = subprocess.run(["ls", mnt.path], capture_output=True, text=True, timeout=HANG_BOUND)
+        assert ls.returncode != 0 and "Input/output error" in ls.stderr, ls
+        print(f"ls gave up after {looping.readdirs} READDIRs: {ls.stderr.strip()}")
+        assert looping.readdirs < 100
+        assert any("READDIR" in line and "127.0.0.1" in line for line in mnt.log_lines()), mnt.log_lines()
+        proxy.mutator = None
+        assert len(os.listdir(mnt.path)) == 50
+
+
+def garbled_requests(record):
+    """Replies to SEQUENCE compounds get a garbage record mark; the rest pass."""
+    found = compound_results(record)
+    return b"\xde\xad\xbe\xef" + record if found and found[0][0] == ops.OP_SEQUENCE else RPC.frame(record)
+
+
+def test_garbage_record_marks_reconnect_with_backoff(proxied):
+    """A server that binds a new connection to the session but answers every request on it with a
+    record mark claiming 1.5 GiB: the hard mount keeps trying, but backs off, and says so in a
+    few lines."""
+    proxy, url, view = proxied
+    (view / "f").write_bytes(b"x")
+    with foreground_mount(url, ["attr_timeout=0"]) as mnt:
+        proxy.mutator = garbled_requests
+        connections, lines, cpu = proxy.connections, len(mnt.log_lines()), mnt.cpu_seconds()
+        stat = subprocess.Popen(["stat", mnt.path / "f"], stdout=subprocess.DEVNULL)
+        time.sleep(20)
+        connections, lines = proxy.connections - connections, len(mnt.log_lines()) - lines
+        cpu = mnt.cpu_seconds() - cpu
+        print(f"in 20 s: {connections} connections, {lines} log lines, {cpu:.2f} s CPU")
+        assert stat.poll() is None  # hard: still waiting
+        proxy.mutator = None
+        assert stat.wait(HANG_BOUND) == 0  # and done once the server makes sense again
+        assert connections <= 12 and lines <= 12, mnt.log_lines()[-20:]
+
+
+def test_an_owner_int_refuses_is_nobody(proxied):
+    """"²" is a digit to str.isdigit() but not to int(): an owner nobody can map, not a crash."""
+    proxy, url, view = proxied
+    (view / "f").write_bytes(b"x")
+    odd = "²@localdomain.x".encode()
+    assert len(odd) == len(b"root@localdomain")  # ganesha's name for root, replaced in place
+    with foreground_mount(url, ["attr_timeout=0"]) as mnt:
+        proxy.mutator = lambda record: RPC.frame(record.replace(b"root@localdomain", odd))
+        st = os.stat(mnt.path / "f")
+        assert (st.st_uid, st.st_gid) == (65534, 65534)
+        assert not any("Traceback" in line for line in mnt.log_lines()), mnt.log_lines()
