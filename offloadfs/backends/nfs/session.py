@@ -264,9 +264,11 @@ class Client:
 
     async def _backoff(self):
         """Wait before a new connection while the last ones brought no good reply: RECONNECT_FIRST,
-        doubled each time up to RECONNECT_MAX; a reply that decodes starts over."""
+        doubled each time up to RECONNECT_MAX or timeo (a soft mount's requests must not spend
+        their time waiting); a reply that decodes starts over."""
         if self.failed_connections:
-            await trio.sleep(min(RECONNECT_FIRST * 2 ** (self.failed_connections - 1), RECONNECT_MAX))
+            cap = min(RECONNECT_MAX, self.settings.timeo)
+            await trio.sleep(min(RECONNECT_FIRST * 2 ** (self.failed_connections - 1), cap))
         self.failed_connections += 1
 
     async def _solo(self, op):
@@ -427,6 +429,8 @@ class Client:
                     table = self.table
                     held = (table, await table.acquire())
                 table, slot = held
+                if table is not self.table or self.sessionid is None:
+                    continue  # the session went while we waited for the slot: recover first
                 try:
                     return await self._try_slot(self.conn, table, self.sessionid, slot, op_list, cred, cache,
                                                 retry_delay)
