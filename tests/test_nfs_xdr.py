@@ -334,6 +334,8 @@ def test_bad_times_and_types():
         attrs.decode(Unpacker(fattr(attrs.bits(attrs.TIME_ACCESS), packed(("i64", 0), ("u32", 10**9)))), attrs.STAT)
     with pytest.raises(ProtocolError, match="file type"):
         attrs.decode(Unpacker(fattr(attrs.bits(attrs.TYPE), packed(("u32", 42)))), attrs.STAT)
+    with pytest.raises(ProtocolError, match="device number"):  # os.makedev would overflow
+        attrs.decode(Unpacker(fattr(attrs.bits(attrs.RAWDEV), packed(("u32", 1 << 31), ("u32", 0)))), attrs.STAT)
 
 
 def test_owner_names():

@@ -49,8 +49,12 @@ def _time(u):
     return seconds * 1_000_000_000 + nseconds
 
 
-def _u32_pair(u):
-    return u.u32(), u.u32()
+def _device(u):
+    """specdata4 (major, minor): each a uint32, but os.makedev takes no more than 31 bits."""
+    major, minor = u.u32(), u.u32()
+    if major >> 31 or minor >> 31:
+        raise ProtocolError(f"device number {major}:{minor} out of range")
+    return major, minor
 
 
 _DECODE = {
@@ -69,7 +73,7 @@ _DECODE = {
     NUMLINKS: Unpacker.u32,
     OWNER: lambda u: u.opaque(MAX_OWNER, "owner"),
     OWNER_GROUP: lambda u: u.opaque(MAX_OWNER, "owner_group"),
-    RAWDEV: _u32_pair,
+    RAWDEV: _device,
     SPACE_AVAIL: Unpacker.u64,
     SPACE_FREE: Unpacker.u64,
     SPACE_TOTAL: Unpacker.u64,
