@@ -50,9 +50,10 @@ def _time(u):
 
 
 def _device(u):
-    """specdata4 (major, minor): each a uint32, but os.makedev takes no more than 31 bits."""
+    """specdata4 (major, minor): each a uint32, but Linux device numbers as FUSE carries them
+    (32 bits) hold a 12-bit major and a 20-bit minor."""
     major, minor = u.u32(), u.u32()
-    if major >> 31 or minor >> 31:
+    if major >> 12 or minor >> 20:
         raise ProtocolError(f"device number {major}:{minor} out of range")
     return major, minor
 
