@@ -23,13 +23,12 @@ import pytest
 from mpkit import sh
 
 from offloadfs.backends.nfs import ops
-from offloadfs.backends.nfs.xdr import ProtocolError, Unpacker
 from offloadfs.lab.loopfs import is_mounted
 from offloadfs.lab.mount import mount_args, unmount
-from offloadfs.lab.proxy import RPC, Proxy, RandomMutator
+from offloadfs.lab.nfsreplies import LoopingListing, NFSMutator, compound_results
+from offloadfs.lab.proxy import RPC, Proxy
 
 HANG_BOUND = 30  # seconds: anything slower is a hang
-FIXED_RESULTS = {ops.OP_SEQUENCE: 36, ops.OP_PUTFH: 0}  # result bytes after the status
 
 
 @pytest.fixture
@@ -90,31 +89,6 @@ def foreground_mount(url, options=()):
         log.unlink()
 
 
-def compound_results(record):
-    """[(operation, offset of its status)] of a COMPOUND reply, as far as results of known size
-    allow: the first result of another size (or a failed one) is the last listed; None if the
-    record is no accepted reply."""
-    try:
-        u = Unpacker(record)
-        _xid, kind, reply_stat = u.u32(), u.u32(), u.u32()
-        if kind != 1 or reply_stat != 0:
-            return None
-        u.u32(), u.opaque(400)  # verifier
-        if u.u32() != 0:
-            return None
-        u.u32(), u.opaque(1024)  # compound status, tag
-        found = []
-        for _ in range(u.u32()):
-            op, at = u.u32(), u.pos
-            found.append((op, at))
-            if u.u32() != 0 or op not in FIXED_RESULTS:
-                break
-            u.fixed(FIXED_RESULTS[op])
-        return found
-    except ProtocolError:
-        return None
-
-
 def as_user(*command):
     """Run a command as uid 1000 (gid 1000, supplementary group 2000)."""
     return subprocess.run(["setpriv", "--reuid=1000", "--regid=1000", "--groups=2000", "--", *command],
@@ -147,24 +121,6 @@ def test_touch_sets_the_current_time_everywhere(mount_on, where):
     sh("touch", mnt.path / "f")
     st = os.stat(mnt.backing / "f")
     assert abs(st.st_mtime - before) < 600 and abs(st.st_atime - before) < 600, st
-
-
-class LoopingListing:
-    """Answers every READDIR with the first page it saw, eof never set: a listing that never ends."""
-
-    def __init__(self):
-        self.page = None
-        self.readdirs = 0
-
-    def __call__(self, record):
-        found = compound_results(record)
-        if not found or found[-1][0] != ops.OP_READDIR or record[found[-1][1]:found[-1][1] + 4] != bytes(4):
-            return RPC.frame(record)
-        self.readdirs += 1
-        start = found[-1][1] + 4  # the READDIR result after its status: verifier, entries, eof
-        if self.page is None:
-            self.page = record[start:-4]
-        return RPC.frame(record[:start] + self.page + bytes(4))
 
 
 def test_a_listing_that_never_ends_fails(proxied):
@@ -219,60 +175,6 @@ def test_an_owner_int_refuses_is_nobody(proxied):
         st = os.stat(mnt.path / "f")
         assert (st.st_uid, st.st_gid) == (65534, 65534)
         assert not any("Traceback" in line for line in mnt.log_lines()), mnt.log_lines()
-
-
-class NFSMutator:
-    """RandomMutator's kinds that break framing or timing, plus mutations aimed at NFS fields:
-    an operation's status, the xid, the length of an attribute list, a bit of the RPC header.
-
-    Byte flips are kept off the payload (READ data, names, attribute values): AUTH_SYS has no
-    integrity, so the client cannot tell a flipped byte of data from the file's own, and the
-    workload could not check what it reads.  Everything left here, the client can detect.
-    """
-
-    GENERIC = ("truncate", "long", "short", "repeat", "stall", "close", "reset")
-    NFS = ("status", "xid", "attrsize", "header")
-    STATUSES = (0, 5, 70, 10006, 10008, 10052, 10063, 10068, 0xFFFFFFFF)  # OK IO STALE ... RETRY_UNCACHED
-
-    def __init__(self, seed, rate):
-        self.rng = random.Random(seed)
-        self.rate = rate
-        self.generic = RandomMutator(RPC, seed, rate=1.0, kinds=self.GENERIC)
-        self.counts = dict.fromkeys(self.NFS, 0)
-        self.mutated = 0
-
-    def __call__(self, record):
-        rng = self.rng
-        if rng.random() >= self.rate:
-            return RPC.frame(record)
-        self.mutated += 1
-        kind = rng.choice(self.GENERIC + self.NFS)
-        if kind in self.GENERIC:
-            self.generic.kinds = (kind,)
-            return self.generic(record)
-        self.counts[kind] += 1
-        data = bytearray(record)
-        found = compound_results(record) or []
-        if kind == "status" and found:
-            _, at = rng.choice(found)
-            data[at:at + 4] = rng.choice(self.STATUSES).to_bytes(4, "big")
-        elif kind == "xid" and len(data) >= 4:
-            xid = int.from_bytes(data[:4], "big")
-            data[:4] = ((xid + rng.choice((1, -1, 1 << 31))) & 0xFFFFFFFF).to_bytes(4, "big")
-        elif kind == "attrsize" and found and found[-1][0] == ops.OP_GETATTR:
-            at = found[-1][1] + 4
-            words = int.from_bytes(data[at:at + 4], "big")
-            at += 4 + 4 * words  # past the bitmap: the attrlist's length
-            if at + 4 <= len(data):
-                size = int.from_bytes(data[at:at + 4], "big")
-                data[at:at + 4] = rng.choice((0, size - 4, size + 4, 0xFFFFFFFF)).to_bytes(4, "big")
-        elif kind == "header" and len(data) >= 24:
-            data[rng.randrange(24)] ^= 1 << rng.randrange(8)
-        return RPC.frame(bytes(data))
-
-    def summary(self):
-        generic = {k: v for k, v in self.generic.counts.items() if v}
-        return f"{self.mutated} replies mutated: {generic} {self.counts}"
 
 
 class Workload:
@@ -368,16 +270,18 @@ def test_randomized_mutations_never_kill_hang_or_lie(proxied):
         assert workload.slowest < HANG_BOUND
         assert mnt.rss() < rss_before + (200 << 20)
         assert not any("Traceback" in line for line in mnt.log_lines()), "\n".join(mnt.log_lines())
-        # Healthy again: every file is whole or failed, and a fresh write reads back.
+        # Healthy again: a fresh write of every file reads back (a request still caught in the
+        # wreckage, or one slow on this busy machine, may time out once: the soft limit is 0.6 s).
         deadline = time.monotonic() + HANG_BOUND
-        while True:
-            try:
-                os.listdir(mnt.path)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the mount does not come back"
-                time.sleep(0.5)
-        for name in workload.names:
-            workload._write(name, random.Random(name))
-            workload._read(name, None)
-        assert workload.wrong == []
+        retries = 0
+        for name in sorted(workload.names):
+            while True:
+                try:
+                    workload._write(name, random.Random(name))
+                    workload._read(name, None)
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "the mount does not come back"
+                    retries += 1
+        print(f"healthy again after {retries} failed operations")
+        assert workload.wrong == [] and sorted(os.listdir(mnt.path)) == sorted(workload.names)
