@@ -95,10 +95,11 @@ def as_user(*command):
                           capture_output=True, text=True, timeout=HANG_BOUND)
 
 
-def test_touch_by_a_group_writer_sets_the_servers_time(mount_on):
+@pytest.mark.parametrize("where", ["nfs-ganesha", "nfsd"])
+def test_touch_by_a_group_writer_sets_the_servers_time(mount_on, where):
     """touch sends UTIME_NOW: the server allows "set to server time" to anyone who may write
     (RFC 8881 time_how4), while an explicit time needs the owner."""
-    mnt = mount_on("nfs-ganesha", options=["allow_other"])
+    mnt = mount_on(where, options=["allow_other"])
     backing = mnt.backing / "shared"
     backing.write_bytes(b"x")
     os.chown(backing, 0, 2000)
