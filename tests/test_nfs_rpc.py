@@ -128,7 +128,7 @@ async def test_fragment_flood_drops_the_connection():
         nursery.start_soon(flood)
         with pytest.raises(rpc.ConnectionLost, match="fragments"):
             await conn.call(1, 1, 1, rpc.AUTH_NONE, b"")
-        assert conn.garbage == f"record in more than {16 + 64} fragments"
+        assert conn.garbage.startswith(f"record in more than {16 + 64 + 1} fragments")
 
 
 async def test_peer_closing_fails_waiting_calls():

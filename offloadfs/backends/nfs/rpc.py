@@ -104,7 +104,6 @@ class Connection:
         self.stream = stream
         self.on_call = on_call
         self.max_record = max_record
-        self.max_fragments = 16 + max_record // FRAGMENT_FLOOR
         self.send_timeout = send_timeout
         self.pending = {}
         self.closed = None  # why, once closed
@@ -175,8 +174,9 @@ class Connection:
             total += size
             if total > self.max_record:
                 raise ProtocolError(f"record of more than {total} bytes (at most {self.max_record})")
-            if len(parts) == self.max_fragments:
-                raise ProtocolError(f"record in more than {self.max_fragments} fragments")
+            if len(parts) > self.max_record // FRAGMENT_FLOOR + 16:
+                raise ProtocolError(f"record in more than {len(parts)} fragments "
+                                    f"(at most one a KiB of {self.max_record} bytes, and 16)")
             parts.append(await self._read(size))
             if header & LAST_FRAGMENT:
                 return parts[0] if len(parts) == 1 else b"".join(parts)

@@ -134,7 +134,7 @@ class Client:
         self.fore = None
         self.generation = 0  # bumped when the server forgot our state: reopen files
         self.lease = 90
-        self.rsize = self.wsize = 4096  # set from the server's limits at start
+        self.rsize, self.wsize = settings.rsize, settings.wsize  # ours until the server's are known
         self.supported_attrs = 0  # some servers refuse a GETATTR that names attributes they lack
         self.renewed = 0.0
         self.unsupported = set()  # NFSv4.2 operations this server answered NOTSUPP
@@ -192,6 +192,7 @@ class Client:
             self.lease = max(5, values.get(attrs.LEASE_TIME, 90))
             self.rsize = _io_size(self.settings.rsize, values.get(attrs.MAXREAD), self.fore.max_response)
             self.wsize = _io_size(self.settings.wsize, values.get(attrs.MAXWRITE), self.fore.max_request)
+            self.conn.max_record = self._max_record()
             self.renewed = trio.current_time()
             self.spawn(self._renew)
             self._started = True
@@ -251,10 +252,14 @@ class Client:
                           f"{e.strerror or e}") from None
         stream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         self.address = stream.socket.getpeername()[:2]
-        max_record = max(s.rsize, s.wsize) + RECORD_OVERHEAD
-        conn = rpc.Connection(stream, self._on_call, max_record, s.timeo)
+        conn = rpc.Connection(stream, self._on_call, self._max_record(), s.timeo)
         self.spawn(self._serve, conn)
         return conn
+
+    def _max_record(self):
+        """The largest record a server may send: the largest READ or WRITE (as negotiated, once
+        it is) and the framing around it."""
+        return max(self.rsize, self.wsize) + RECORD_OVERHEAD
 
     async def _serve(self, conn):
         await conn.serve()
