@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from offloadfs.backends.nfs import attrs, errors, ops, rpc
-from offloadfs.backends.nfs.session import Client, Settings
+from offloadfs.backends.nfs.session import RECORD_OVERHEAD, Client, Settings
 from offloadfs.backends.nfs.xdr import Packer, Unpacker
 
 PROBE = attrs.bits(attrs.TYPE)  # the GETATTR a test sends; setup asks for other attributes
@@ -33,6 +33,7 @@ class FakeServer:
         self.binds = 0
         self.misordered = 0
         self.lease = 90
+        self.maxio = 1 << 20  # MAXREAD and MAXWRITE
         self.renewals = 0  # compounds of SEQUENCE alone
         self.current = None  # (slot, sequence ID) of the compound being run
         self.probes = []  # (slot, seqid) of every probe that ran
@@ -177,8 +178,8 @@ class FakeServer:
                 body = Packer()
                 body.bitmap(PROBE | attrs.bits(attrs.LEASE_TIME, attrs.MAXREAD, attrs.MAXWRITE))
                 body.u32(self.lease)
-                body.u64(1 << 20)
-                body.u64(1 << 20)
+                body.u64(self.maxio)
+                body.u64(self.maxio)
                 p.bitmap(attrs.bits(attrs.SUPPORTED_ATTRS, attrs.LEASE_TIME, attrs.MAXREAD, attrs.MAXWRITE))
                 p.opaque(bytes(body.buf))
         else:
@@ -195,9 +196,9 @@ class FakeServer:
             return False
 
 
-async def started(nursery, lease=90, **settings):
+async def started(nursery, lease=90, maxio=1 << 20, **settings):
     server = FakeServer()
-    server.lease = lease
+    server.lease, server.maxio = lease, maxio
     await nursery.start(server.serve)
     client = Client(Settings("127.0.0.1", server.port, timeo=settings.pop("timeo", 2.0), **settings))
     client.users = 1
@@ -352,3 +353,27 @@ def test_unclaimed_callbacks_are_dropped_after_a_while():
         client._offload_done(b"\0\0\0\1" + b"n" * 12, "new")
         assert list(client.offloads) == [b"n" * 12]
     trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def test_requests_waiting_for_a_slot_when_the_session_goes_recover_first():
+    async with trio.open_nursery() as nursery:
+        server, client = await started(nursery)
+        server.plan = ["badsession"]
+        with trio.fail_after(5):
+            async with trio.open_nursery() as calls:
+                for _ in range(12):  # more than the slots: most wait for one while the session goes
+                    calls.start_soon(probe, client)
+        assert server.sessions_made == 2
+        await client.close()
+        nursery.cancel_scope.cancel()
+
+
+async def test_records_are_bounded_by_the_negotiated_io_size():
+    async with trio.open_nursery() as nursery:
+        server, client = await started(nursery, maxio=64 << 10)
+        assert client.conn.max_record == (64 << 10) + RECORD_OVERHEAD
+        server.plan = ["drop"]
+        await probe(client)  # on a new connection
+        assert server.binds == 1 and client.conn.max_record == (64 << 10) + RECORD_OVERHEAD
+        await client.close()
+        nursery.cancel_scope.cancel()
