@@ -204,23 +204,24 @@ class Client:
         session = Session(conn, user, t.password, require_encryption=t.seal, auth_protocol="ntlm")
         try:
             session.connect()
-        except SMBResponseException as e:
-            if e.status == errors.LOGON_FAILURE:
-                raise status_error(e.status, what=f"logon failure for user {user} on {self.where}") from None
-            raise status_error(e.status, what=f"session setup for user {user} on {self.where}") from None
         except Exception as e:
-            raise self._setup_failed(f"session setup for user {user}", e) from None
+            logon = isinstance(e, SMBResponseException) and e.status == errors.LOGON_FAILURE
+            raise self._setup_failed("logon failure" if logon else "session setup", e, f" for user {user}") from None
         try:
             conn.echo(sid=session.session_id, timeout=CONNECT_TIMEOUT, credit_request=CREDITS)
         except Exception as e:
             raise self._setup_failed("the first echo", e) from None
         return session
 
-    def _setup_failed(self, what, e):
-        """The error for a step of connecting that failed with ``e``: a status, or what was wrong with a reply."""
+    def _setup_failed(self, what, e, whom=""):
+        """The ConnectionLost for a step of connecting that failed with ``e``: its status, or what was wrong.
+
+        Never the errno of the status: replies before logon are not signed, so
+        anyone on the path can make them say anything.
+        """
         if isinstance(e, SMBResponseException):
-            return status_error(e.status, what=f"{what} on {self.where}")
-        return ConnectionLost(f"{what} on {self.where} failed: {self.scrub(describe(e))}")
+            return ConnectionLost(f"{what}{whom} on {self.where} (NTSTATUS 0x{e.status:08X})")
+        return ConnectionLost(f"{what}{whom} on {self.where} failed: {self.scrub(describe(e))}")
 
     async def tree_id(self, share):
         """(connection, tree id) for ``share``, connecting both as needed."""
@@ -251,9 +252,10 @@ class Client:
                 tree = TreeConnect(self.session, f"\\\\{self.target.host}\\{share}")
                 try:
                     await self._blocking(conn, tree.connect)
+                except SMBResponseException as e:
+                    raise status_error(e.status, what=f"share {share} on {self.where}") from None
                 except Exception as e:
-                    error = self._setup_failed(f"share {share}", e)
-                    raise self._lost(conn, error.strerror) if isinstance(error, ConnectionLost) else error from None
+                    raise self._lost(conn, self._setup_failed(f"share {share}", e).strerror) from None
                 self.trees[share] = tree.tree_connect_id
             return conn, self.trees[share]
 
