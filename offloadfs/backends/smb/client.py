@@ -141,7 +141,8 @@ class Client:
         self._delay = 0  # before the next attempt: doubles while connections fail without serving
         self._not_before = 0.0  # trio time of the next attempt
         self._served = 0  # the generation that last answered a request
-        self._log = _LogLimit()
+        self._log_connected = _LogLimit(logging.INFO)  # apart, so that a success never hides the failure after it
+        self._log_failure = _LogLimit(logging.WARNING)
 
     @classmethod
     def shared(cls, target):
@@ -181,8 +182,8 @@ class Client:
         self.generation += 1
         self.io_size = min(conn.max_read_size, conn.max_write_size,
                            max(CREDIT_SIZE, self._window(conn) // 4 * CREDIT_SIZE))
-        self._log(logging.INFO, "connected to %s as %s: dialect 0x%x, %d credits, %d-byte I/O", self.where,
-                  self.target.username, conn.dialect, self._window(conn), self.io_size)
+        self._log_connected("connected to %s as %s: dialect 0x%x, %d credits, %d-byte I/O", self.where,
+                            self.target.username, conn.dialect, self._window(conn), self.io_size)
 
     def _connect_sync(self, conn):
         t = self.target
@@ -245,7 +246,7 @@ class Client:
                     self._failures += 1
                     self._last_failure = e.strerror
                     self._back_off()
-                    self._log(logging.WARNING, "%s", e.strerror)
+                    self._log_failure("%s", e.strerror)
                     raise
             conn = self.conn
             if share not in self.trees:
@@ -277,7 +278,7 @@ class Client:
             self._last_failure = lost.strerror
             if self._served != self.generation:
                 self._back_off()
-            self._log(logging.WARNING, "%s", lost.strerror)
+            self._log_failure("%s", lost.strerror)
         self._shutdown(conn)
         return lost
 
@@ -555,11 +556,12 @@ class _LogLimit:
     attempt into syslog.
     """
 
-    def __init__(self):
+    def __init__(self, level):
+        self._level = level
         self._next = 0.0
         self._held = 0
 
-    def __call__(self, level, message, *args):
+    def __call__(self, message, *args):
         now = time.monotonic()
         if now < self._next:
             self._held += 1
@@ -567,6 +569,6 @@ class _LogLimit:
         if self._held:
             message += " (%d more such messages held back)"
             args += (self._held,)
-        log.log(level, message, *args)
+        log.log(self._level, message, *args)
         self._held = 0
         self._next = now + LOG_INTERVAL
