@@ -262,6 +262,26 @@ def test_malformed_setup_reply_fails_the_mount_with_one_clear_line(smb, step):
     assert f"127.0.0.1:{proxy.port}" in message and "malformed" in message, message
 
 
+def test_sealed_logon_reply_altered_fails_the_mount(smb):
+    """The final SESSION_SETUP reply's signature vouches for the unsigned handshake before it; on a
+    sealed session smbprotocol did not check it."""
+    server = smb.lab.servers[0]
+
+    def alter(record):
+        if record[:4] == PLAIN and command(record) == SESSION_SETUP and status_of(record) == 0:
+            data = bytearray(record)
+            data[66] ^= 0x04  # SessionFlags: SMB2_SESSION_FLAG_ENCRYPT_DATA
+            return SMB.frame(bytes(data))
+        return SMB.frame(record)
+
+    with Proxy((server.host, server.port), SMB) as proxy:
+        proxy.mutator = alter
+        url = f"smb://{server.username}@127.0.0.1:{proxy.port}/ext4"
+        with pytest.raises(MountError, match="signature does not match"):
+            with offloadfs_mount(url, options=["seal", *smb.options()]):
+                pass
+
+
 def test_malformed_setup_reply_on_reconnect_leaves_the_daemon_running(hostile):
     proxy, mountpoint, path = hostile()
     (path / "f").write_bytes(CONTENT)

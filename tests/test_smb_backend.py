@@ -467,7 +467,7 @@ async def test_seek_and_punch_holes(connect):
 
 
 async def test_sealed_and_older_dialects(connect):
-    for options in ({"seal": True}, {"vers": "3.0"}, {"vers": "2.1"}):
+    for options in ({"seal": True}, {"seal": True, "vers": "3.0"}, {"vers": "3.0"}, {"vers": "2.1"}):
         async with connect(**options) as (b, d, path):
             data = os.urandom(MiB + 3)
             node = await make_file(b, d, b"f", data)

@@ -205,6 +205,8 @@ class Client:
         session = Session(conn, user, t.password, require_encryption=t.seal, auth_protocol="ntlm")
         try:
             session.connect()
+            if session.encrypt_data:
+                conn.verify_logon(session)
         except Exception as e:
             logon = isinstance(e, SMBResponseException) and e.status == errors.LOGON_FAILURE
             raise self._setup_failed("logon failure" if logon else "session setup", e, f" for user {user}") from None
@@ -486,6 +488,8 @@ class _GuardedConnection(Connection):
         request = self.outstanding_requests.get(header["message_id"].get_value())
         command = request.message["command"].get_value() if request is not None else None
         if command in (Commands.SMB2_NEGOTIATE, Commands.SMB2_SESSION_SETUP):
+            if command == Commands.SMB2_SESSION_SETUP and header["status"].get_value() == errors.SUCCESS:
+                self.logon_reply = header  # for Client._connect_sync to verify once the session has keys
             return super().verify_signature(header, session_id, force)  # before the session has keys
         session = self.session_table.get(session_id)
         if session is None or session.signing_key is None:
@@ -496,6 +500,17 @@ class _GuardedConnection(Connection):
             super().verify_signature(header, session_id, force=True)
         except SMBException:
             raise _Refused("a reply whose signature does not match (altered on the way)") from None
+
+    def verify_logon(self, session):
+        """Verify the final SESSION_SETUP reply of a session that encrypts.
+
+        smbprotocol verifies it only on a session that signs; its signature is
+        what vouches for the unsigned negotiate and setup replies before it.
+        """
+        try:
+            super().verify_signature(self.logon_reply, session.session_id, force=True)
+        except SMBException:
+            raise _Refused("a logon reply whose signature does not match (altered on the way)") from None
 
     def _process_message_thread(self):
         self.transport.recv = self._recv_frame
