@@ -30,7 +30,8 @@ pytestmark = [
 
 smb = pytest.importorskip("offloadfs.backends.smb", reason="smbprotocol is not installed")
 samba = pytest.importorskip("offloadfs.lab.samba", reason="the Samba lab needs pyroute2")
-from offloadfs.backends.smb import capabilities, client as smb_client, oplocks  # noqa: E402
+from offloadfs.backends.smb import backend as smb_backend, capabilities, client as smb_client, oplocks  # noqa: E402
+from offloadfs.backends.smb import errors as smb_errors  # noqa: E402
 
 MiB = 1 << 20
 HANG_BOUND = 15  # seconds: an answer slower than this is a hang, whatever the machine's load
@@ -239,6 +240,46 @@ async def test_readdir_pages_through_2000_files(connect):
         assert calls == 1
 
 
+def _endless(call):
+    """A Client.call that answers QUERY_DIRECTORY with the listing's first page where the server said
+    STATUS_NO_MORE_FILES: the server's own replies, so signing cannot stop it, as it stops a man in the middle."""
+    first = []
+
+    async def endless(share, messages, generation=None):
+        results = await call(share, messages, generation)
+        for i, msg in enumerate(messages):
+            if type(msg).__name__ == "SMB2QueryDirectoryRequest":
+                status, body = results[i]
+                if status == smb_errors.SUCCESS and not first:
+                    first.append(body)
+                elif status == smb_errors.NO_MORE_FILES:
+                    results[i] = (smb_errors.SUCCESS, first[0])
+        return results
+
+    return endless
+
+
+async def test_a_listing_that_never_ends_fails(connect):
+    async with connect() as (b, d, path):
+        for i in range(3):
+            (path / f"f{i}").touch()
+        b.client.call = _endless(b.client.call)
+        with trio.fail_after(HANG_BOUND), pytest.raises(OSError) as e:
+            await b.listdir(d)
+        assert e.value.errno == errno.EIO and "same page twice" in e.value.strerror
+
+
+async def test_a_listing_larger_than_the_caps_fails(connect, monkeypatch):
+    async with connect() as (b, d, path):
+        for i in range(5):
+            (path / f"f{i}").touch()
+        assert len(await b.listdir(d)) == 5
+        monkeypatch.setattr(smb_backend, "LIST_MAX_ENTRIES", 4)
+        with pytest.raises(OSError) as e:
+            await b.listdir(d)
+        assert e.value.errno == errno.EIO and "more than 4 entries" in e.value.strerror
+
+
 async def test_hard_links_statfs_and_no_symlinks(connect):
     async with connect() as (b, d, path):
         f = await make_file(b, d, b"f", b"linked")
@@ -442,7 +483,7 @@ async def test_seek_and_punch_holes(connect):
 
 
 async def test_sealed_and_older_dialects(connect):
-    for options in ({"seal": True}, {"vers": "3.0"}, {"vers": "2.1"}):
+    for options in ({"seal": True}, {"seal": True, "vers": "3.0"}, {"vers": "3.0"}, {"vers": "2.1"}):
         async with connect(**options) as (b, d, path):
             data = os.urandom(MiB + 3)
             node = await make_file(b, d, b"f", data)

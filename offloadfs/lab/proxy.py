@@ -185,12 +185,20 @@ class RandomMutator:
 
     def __call__(self, record):
         previous, self._previous = self._previous, record
-        rng = self.rng
-        if rng.random() >= self.rate:
+        if self.rng.random() >= self.rate_for(record):
             return self.framing.frame(record)
-        kind = rng.choice(self.kinds)
+        kind = self.rng.choice(self.kinds)
         self.counts[kind] += 1
         self.mutated += 1
+        return self.mutate(kind, record, previous)
+
+    def rate_for(self, record):
+        """The share of replies like ``record`` to mutate: a subclass may spare some (a handshake)."""
+        return self.rate
+
+    def mutate(self, kind, record, previous):
+        """What the client gets instead of ``record``; a subclass may add kinds."""
+        rng = self.rng
         n = len(record)
         if kind == "truncate":
             return self.framing.frame(record[:rng.randrange(n)] if n else record)

@@ -17,6 +17,8 @@ SMB extended attributes.
 """
 import errno
 import functools
+import hashlib
+import logging
 import os
 import stat
 import time
@@ -32,8 +34,14 @@ from ..parallel import together
 from .client import Client, ConnectionLost
 from .errors import status_error, status_of
 
+log = logging.getLogger(__name__)
+
 RENAME_NOREPLACE = 1
 LIST_BUFFER = 65536
+# A listing past these is taken for a server that never says STATUS_NO_MORE_FILES: each entry costs
+# the daemon some hundred bytes until the listing is answered, so this bounds its memory too.
+LIST_MAX_ENTRIES = 1 << 20
+LIST_MAX_BYTES = 1 << 29  # of replies: a million entries with names of 255 UTF-16 units
 # READ/WRITE size, below Samba's 8 MiB maximum: large reads and writes go as several at once, so the
 # server handles one while the next crosses the link (1 Gbit lab: sequential 8 MiB writes 65 -> 104 MB/s).
 PIECE = 1 << 20
@@ -561,12 +569,13 @@ class SMBBackend(Capabilities, Backend):
             raise status_error(create[0], what=path)
         fid = wire.CreateResponse.unpack(create[1]).file_id
         items = []
+        pages = _Pages(f"{self.client.where}: listing of {path or 'the share'}")
         try:
             status, body = first
             while status != errors.NO_MORE_FILES:
                 if status != errors.SUCCESS:
                     raise status_error(status, what=path)
-                for name, a in info.FileIdBothDirectoryInformation.unpack_list(wire.QueryResponse.buffer(body)):
+                for name, a in pages.entries(wire.QueryResponse.buffer(body)):
                     if name not in (".", ".."):
                         items.append(DirItem(name.encode("utf-8", "surrogatepass"), a.file_id, 4 if a.is_dir else 8))
                         self._listed[f"{path}\\{name}" if path else name] = (a, expiry)
@@ -659,6 +668,40 @@ class SMBBackend(Capabilities, Backend):
             raise ConnectionLost("the two files are on different connections after a reconnect")
         [(status, body)] = await self.client.call(self.share, [msg(fid)], file.generation)
         return status, body
+
+
+class _Pages:
+    """Ends a listing whose server sends one page again or more than any directory holds.
+
+    A server that answers every QUERY_DIRECTORY with the same page (and never
+    STATUS_NO_MORE_FILES) kept ls running while the daemon grew without end.
+    No directory lists the same entries twice, so a page seen before (by
+    digest) ends the listing, as does going past LIST_MAX_BYTES of replies or
+    LIST_MAX_ENTRIES entries.
+    """
+
+    def __init__(self, what):
+        self.what = what
+        self.seen = set()
+        self.size = 0
+        self.count = 0
+
+    def entries(self, page):
+        """[(name, Attributes)] of the listing's next ``page``; OSError(EIO) if it cannot be one."""
+        digest = hashlib.blake2b(page, digest_size=16).digest()
+        if digest in self.seen:
+            raise self._refuse("the server sent the same page twice")
+        self.seen.add(digest)
+        entries = info.FileIdBothDirectoryInformation.unpack_list(page)
+        self.size += len(page)
+        self.count += len(entries)
+        if self.size > LIST_MAX_BYTES or self.count > LIST_MAX_ENTRIES:
+            raise self._refuse(f"more than {LIST_MAX_ENTRIES} entries or {LIST_MAX_BYTES} bytes")
+        return entries
+
+    def _refuse(self, why):
+        log.warning("%s: %s; giving up", self.what, why)
+        return OSError(errno.EIO, f"{self.what}: {why}")
 
 
 def _path(node):

@@ -10,23 +10,33 @@ are in flight without a thread each.  Credits are counted before each send
 every request has a deadline: a server that stops answering gets its
 connection shut down, which fails what was in flight with EIO.
 
-After a drop the next request reconnects.  Handles are then stale
-(``generation`` tells the backend so): durable ones are reconnected, others
-reopened by path.  Each connection has an oplocks.Listener for the oplock
-breaks that durable handles bring.  Each has a client GUID of its own:
-Samba hands a new connection with a known GUID to the process that served
-the old one, which may be the hung one we left, and it does not ask for the
-old GUID on a durable reconnect (MS-SMB2 servers that do refuse it; the
-backend then reopens by path).
+The network may be hostile (see _GuardedConnection): every reply after
+logon is verified, a reply that fails any check drops the connection, and
+what was in flight fails with EIO and one line that says why.
+
+After a drop the next request reconnects, at once if the connection had
+served requests, else after a delay that doubles per failure (up to
+RECONNECT_DELAY_MAX; requests meanwhile fail at once).  Handles are then
+stale (``generation`` tells the backend so): durable ones are reconnected,
+others reopened by path.  Each connection has an oplocks.Listener for the
+oplock breaks that durable handles bring.  Each has a client GUID of its
+own: Samba hands a new connection with a known GUID to the process that
+served the old one, which may be the hung one we left, and it does not ask
+for the old GUID on a durable reconnect (MS-SMB2 servers that do refuse it;
+the backend then reopens by path).
 """
 import logging
 import socket
+import time
 import uuid
 
 import trio
-from smbprotocol.connection import Connection
+from cryptography.exceptions import InvalidTag
+from smbprotocol.connection import Commands, Connection
+from smbprotocol.header import Smb2Flags
 from smbprotocol.exceptions import SMBException, SMBResponseException
 from smbprotocol.session import Session
+from smbprotocol.transport import Tcp
 from smbprotocol.tree import TreeConnect
 
 from . import errors, oplocks
@@ -35,14 +45,23 @@ from .errors import ConnectionLost, status_error
 log = logging.getLogger(__name__)
 # smbprotocol logs every message structure at DEBUG and each connect step at INFO, spnego
 # the NTLM tokens: far too much for -o debug or syslog, and tokens have no place in logs.
+# A dying receive worker logs a traceback per connection; the Client says why in one line instead.
 for noisy in ("smbprotocol", "spnego"):
-    logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger(noisy).setLevel(logging.CRITICAL)
 
 CONNECT_TIMEOUT = 15  # connecting and logging on; then each tree connect
 IO_TIMEOUT = 60  # any one request
 CREDITS = 4096  # what we ask the server for (Samba grants up to 8192)
 SPARE_CREDITS = 8  # never spent: smbprotocol's own requests (tree connect, keepalive echo) need some
 CREDIT_SIZE = 65536
+RECONNECT_DELAY_MIN = 0.05  # seconds before the first retry once a connection failed without serving
+RECONNECT_DELAY_MAX = 5
+LOG_INTERVAL = 10  # seconds between two log lines about one server's connections
+MIN_IO_SIZE = 65536  # the least a server may offer as its largest read, write or transaction
+# A reply frame may hold the largest read the server allows plus headers: its SMB2 header and
+# response, the other replies of a compound (a create and a close), a transform header.
+FRAME_OVERHEAD = 65536
+ASYNC_COMMAND = Smb2Flags.SMB2_FLAGS_ASYNC_COMMAND  # on interim replies (MS-SMB2 3.3.4.2)
 
 
 class _Arrival:
@@ -123,6 +142,11 @@ class Client:
         self._credit_change = trio.Event()
         self._failures = 0  # failed connection attempts, and why the last one failed
         self._last_failure = ""
+        self._delay = 0  # before the next attempt: doubles while connections fail without serving
+        self._not_before = 0.0  # trio time of the next attempt
+        self._served = 0  # the generation that last answered a request
+        self._log_connected = _LogLimit(logging.INFO)  # apart, so that a success never hides the failure after it
+        self._log_failure = _LogLimit(logging.WARNING)
 
     @classmethod
     def shared(cls, target):
@@ -152,12 +176,9 @@ class Client:
         """Connect, log on and get credits; errors say what failed, never with the password."""
         self.conn = None
         self.trees = {}
-        conn = Connection(uuid.uuid4(), self.target.host, self.target.port, require_signing=True)
+        conn = _GuardedConnection(uuid.uuid4(), self.target.host, self.target.port, require_signing=True)
         try:
             session = await self._blocking(conn, self._connect_sync, conn)
-        except SMBException as e:
-            self._shutdown(conn)
-            raise ConnectionLost(f"{self.where}: {self.scrub(str(e))}") from None
         except BaseException:
             self._shutdown(conn)
             raise
@@ -166,28 +187,49 @@ class Client:
         self.oplocks = oplocks.Listener(self, conn)
         self.io_size = min(conn.max_read_size, conn.max_write_size,
                            max(CREDIT_SIZE, self._window(conn) // 4 * CREDIT_SIZE))
-        log.info("connected to %s as %s: dialect 0x%x, %d credits, %d-byte I/O", self.where,
-                 self.target.username, conn.dialect, self._window(conn), self.io_size)
+        self._log_connected("connected to %s as %s: dialect 0x%x, %d credits, %d-byte I/O", self.where,
+                            self.target.username, conn.dialect, self._window(conn), self.io_size)
 
     def _connect_sync(self, conn):
         t = self.target
         try:
             conn.connect(dialect=t.dialect, timeout=CONNECT_TIMEOUT)
-        except ValueError as e:  # smbprotocol's word for "socket connect failed"
-            raise ConnectionLost(f"cannot connect to {self.where}: {_reason(e)}") from None
+        except ValueError as e:
+            if isinstance(e.__cause__, OSError):  # smbprotocol's word for "socket connect failed"
+                raise ConnectionLost(f"cannot connect to {self.where}: {_reason(e)}") from None
+            raise self._setup_failed("negotiate", e) from None
+        except Exception as e:
+            raise self._setup_failed("negotiate", e) from None
+        sizes = {"read": conn.max_read_size, "write": conn.max_write_size, "transaction": conn.max_transact_size}
+        for what, size in sizes.items():
+            if size < MIN_IO_SIZE:
+                raise ConnectionLost(f"negotiate with {self.where} failed: largest {what} of {size} bytes "
+                                     f"offered, less than {MIN_IO_SIZE}")
         conn.transport.send = _LeanSend(conn.transport)
         user = f"{t.domain}\\{t.username}" if t.domain else t.username
         session = Session(conn, user, t.password, require_encryption=t.seal, auth_protocol="ntlm")
         try:
             session.connect()
-        except SMBResponseException as e:
-            if e.status == errors.LOGON_FAILURE:
-                raise status_error(e.status, what=f"logon failure for user {user} on {self.where}") from None
-            raise status_error(e.status, what=f"session setup for user {user} on {self.where}") from None
-        except SMBException as e:
-            raise ConnectionLost(f"session setup for user {user} on {self.where}: {self.scrub(str(e))}") from None
-        conn.echo(sid=session.session_id, timeout=CONNECT_TIMEOUT, credit_request=CREDITS)
+            if session.encrypt_data:
+                conn.verify_logon(session)
+        except Exception as e:
+            logon = isinstance(e, SMBResponseException) and e.status == errors.LOGON_FAILURE
+            raise self._setup_failed("logon failure" if logon else "session setup", e, f" for user {user}") from None
+        try:
+            conn.echo(sid=session.session_id, timeout=CONNECT_TIMEOUT, credit_request=CREDITS)
+        except Exception as e:
+            raise self._setup_failed("the first echo", e) from None
         return session
+
+    def _setup_failed(self, what, e, whom=""):
+        """The ConnectionLost for a step of connecting that failed with ``e``: its status, or what was wrong.
+
+        Never the errno of the status: replies before logon are not signed, so
+        anyone on the path can make them say anything.
+        """
+        if isinstance(e, SMBResponseException):
+            return ConnectionLost(f"{what}{whom} on {self.where} (NTSTATUS 0x{e.status:08X})")
+        return ConnectionLost(f"{what}{whom} on {self.where} failed: {self.scrub(describe(e))}")
 
     async def tree_id(self, share):
         """(connection, tree id) for ``share``, connecting both as needed."""
@@ -196,15 +238,22 @@ class Client:
             return conn, self.trees[share]
         failures = self._failures
         async with self._lock:
-            if self.conn is None or not self.conn.transport.connected:
+            if self.conn is not None and not self.conn.transport.connected:
+                self._lost(self.conn)
+            if self.conn is None:
                 if self._failures != failures:
                     # It failed while we waited: say so now instead of queueing one more try.
                     raise ConnectionLost(self._last_failure)
+                wait = self._not_before - trio.current_time()
+                if wait > 0:
+                    raise ConnectionLost(f"{self._last_failure} (next try in {wait:.1f} s)")
                 try:
                     await self._connect()
                 except OSError as e:
                     self._failures += 1
                     self._last_failure = e.strerror
+                    self._back_off()
+                    self._log_failure("%s", e.strerror)
                     raise
             conn = self.conn
             if share not in self.trees:
@@ -213,10 +262,32 @@ class Client:
                     await self._blocking(conn, tree.connect)
                 except SMBResponseException as e:
                     raise status_error(e.status, what=f"share {share} on {self.where}") from None
-                except SMBException as e:
-                    raise ConnectionLost(f"share {share} on {self.where}: {self.scrub(str(e))}") from None
+                except Exception as e:
+                    raise self._lost(conn, self._setup_failed(f"share {share}", e).strerror) from None
                 self.trees[share] = tree.tree_connect_id
             return conn, self.trees[share]
+
+    def _back_off(self):
+        self._delay = min(RECONNECT_DELAY_MAX, max(RECONNECT_DELAY_MIN, 2 * self._delay))
+        self._not_before = trio.current_time() + self._delay
+
+    def _lost(self, conn, why=None):
+        """``conn`` is gone (shut down here, or dead of itself): note why and when to try again.
+
+        A connection that served no request before it went counts as a
+        failed attempt: a server (or a man in the middle) that ends every
+        connection at once must not get one per request.
+        """
+        if why is None:
+            why = describe(conn._t_exc) if conn._t_exc is not None else "closed"
+        lost = ConnectionLost(f"connection to {self.where} lost: {self.scrub(why)}")
+        if self.conn is conn:  # the first to notice
+            self._last_failure = lost.strerror
+            if self._served != self.generation:
+                self._back_off()
+            self._log_failure("%s", lost.strerror)
+        self._shutdown(conn)
+        return lost
 
     async def _blocking(self, conn, fn, *args):
         """Run one of smbprotocol's blocking steps; past the deadline, shut the connection so it returns."""
@@ -279,15 +350,15 @@ class Client:
         results = []
         for header in headers:
             if header is None:
-                self._shutdown(conn)
-                raise ConnectionLost(f"connection to {self.where} lost")
+                raise self._lost(conn)
             conn.outstanding_requests.pop(header["message_id"].get_value(), None)
             results.append((header["status"].get_value(), header["data"].get_value()))
+        self._served = self.generation
+        self._delay = 0
         return results
 
     def _timed_out(self, conn, timeout):
-        self._shutdown(conn)
-        raise ConnectionLost(f"{self.where} did not answer in {timeout} s")
+        raise self._lost(conn, f"did not answer in {timeout} s")
 
     async def call1(self, share, message, generation=None, what=""):
         """One request whose failure is an error; its response body."""
@@ -303,8 +374,12 @@ class Client:
                 requests = [conn.send(messages[0], sid=sid, tid=tid, credit_request=credit_request)]
             else:
                 requests = conn.send_compound(messages, sid, tid, related=True)
-        except (SMBException, OSError, StopIteration) as e:
-            raise ConnectionLost(f"connection to {self.where} lost: {self.scrub(str(e))}") from None
+        except Exception as e:
+            # smbprotocol raises here whatever killed its receive worker, malformed replies included.
+            if not isinstance(e, (SMBException, OSError, StopIteration)) and e is not conn._t_exc:
+                raise
+            why = "no session" if isinstance(e, StopIteration) else describe(e)
+            raise ConnectionLost(f"connection to {self.where} lost: {self.scrub(why)}") from None
         arrivals = []
         for request in requests:
             with request.response_event_lock:
@@ -327,7 +402,7 @@ class Client:
     async def _reserve(self, conn, charge):
         while self._window(conn) - self._reserved - SPARE_CREDITS < charge:
             if self.conn is not conn or not conn.transport.connected:
-                raise ConnectionLost(f"connection to {self.where} lost")
+                raise ConnectionLost(self._last_failure or f"connection to {self.where} lost")
             await self._credit_change.wait()
 
     def _credits_arrived(self):
@@ -387,3 +462,137 @@ class _LeanSend:
 def _reason(e):
     cause = e.__cause__
     return getattr(cause, "strerror", None) or str(cause or e)
+
+
+class _Refused(SMBException):
+    """A reply the guarded connection will not take; its text says why, in words for the log."""
+
+
+class _GuardedConnection(Connection):
+    """smbprotocol's Connection with the checks a man in the middle must not get past.
+
+    smbprotocol verifies a reply only if the reply says it is signed, so
+    clearing SMB2_FLAGS_SIGNED let forged data through; and it accepts a
+    plaintext reply on a session that encrypts.  MS-SMB2 3.2.5.1.3: once a
+    session signs, every reply is verified except interim STATUS_PENDING ones
+    (async; they carry no result) and oplock/lease breaks (message id all ones, session 0: oplocks.Listener
+    takes oplock breaks; a forged one only makes us give an oplock up).  Which request a
+    reply answers is taken from the request we sent, never from the reply, so
+    a reply that poses as a SESSION_SETUP one is verified too.  Decrypted
+    replies were authenticated by AES-GCM/CCM and pass.
+
+    The length in front of each reply is not covered by any signature:
+    smbprotocol allocated whatever it said (0xFFFFFFFF: 4 GiB).  Frames over
+    what the server may send are refused before anything is allocated.
+    """
+
+    def verify_signature(self, header, session_id, force=False):
+        interim = header["status"].get_value() == errors.PENDING and header["flags"].has_flag(ASYNC_COMMAND)
+        if force or interim:
+            return super().verify_signature(header, session_id, force)
+        if header["message_id"].get_value() == oplocks.UNSOLICITED:
+            if header["command"].get_value() != Commands.SMB2_OPLOCK_BREAK:
+                raise _Refused("an unsolicited message that is not an oplock break")
+            return
+        request = self.outstanding_requests.get(header["message_id"].get_value())
+        command = request.message["command"].get_value() if request is not None else None
+        if command in (Commands.SMB2_NEGOTIATE, Commands.SMB2_SESSION_SETUP):
+            if command == Commands.SMB2_SESSION_SETUP and header["status"].get_value() == errors.SUCCESS:
+                self.logon_reply = header  # for Client._connect_sync to verify once the session has keys
+            return super().verify_signature(header, session_id, force)  # before the session has keys
+        session = self.session_table.get(session_id)
+        if session is None or session.signing_key is None:
+            raise _Refused(f"a reply for session {session_id}, which has no keys")
+        if session.encrypt_data:
+            raise _Refused("an unencrypted reply on an encrypted session")
+        try:
+            super().verify_signature(header, session_id, force=True)
+        except SMBException:
+            raise _Refused("a reply whose signature does not match (altered on the way)") from None
+
+    def verify_logon(self, session):
+        """Verify the final SESSION_SETUP reply of a session that encrypts.
+
+        smbprotocol verifies it only on a session that signs; its signature is
+        what vouches for the unsigned negotiate and setup replies before it.
+        """
+        try:
+            super().verify_signature(self.logon_reply, session.session_id, force=True)
+        except SMBException:
+            raise _Refused("a logon reply whose signature does not match (altered on the way)") from None
+
+    def _process_message_thread(self):
+        self.transport.recv = self._recv_frame
+        try:
+            super()._process_message_thread()
+        except RuntimeError:
+            pass  # its last loop over the outstanding requests raced with a pop by Client.call: done below
+        finally:
+            for request in tuple(self.outstanding_requests.values()):
+                request.response_event.set()
+
+    def _recv_frame(self, timeout):
+        """Tcp.recv, refusing a frame larger than the server may send before reading it.
+
+        Once its length is in, a frame must come whole within CONNECT_TIMEOUT
+        (or keep coming: after that smbprotocol waits a second per piece).  A
+        length that claims more than the server sent would otherwise hold
+        every reply behind it for IO_TIMEOUT, and a TimeoutError would make
+        smbprotocol's worker carry on in the middle of a frame.
+        """
+        length, timeout = self.transport._recv(4, timeout)
+        if not length:
+            return b""
+        size = int.from_bytes(length, "big")
+        limit = self.frame_limit()
+        if size > limit:
+            raise _Refused(f"a {size}-byte reply, over the {limit}-byte limit")
+        try:
+            return self.transport._recv(size, CONNECT_TIMEOUT)[0]
+        except TimeoutError as e:
+            raise _Refused(f"a {size}-byte reply that did not come whole in {CONNECT_TIMEOUT} s ({e})") from None
+
+    def frame_limit(self):
+        """The largest reply frame the server may send: 2.1 allows 24 bits of length."""
+        sizes = (self.max_read_size, self.max_write_size, self.max_transact_size)
+        if None in sizes:
+            return MIN_IO_SIZE + FRAME_OVERHEAD  # negotiate and session setup replies are small
+        return min(Tcp.MAX_SIZE, max(sizes) + FRAME_OVERHEAD)
+
+
+def describe(e):
+    """What a failure inside smbprotocol says about the server's replies, in one line."""
+    if isinstance(e, InvalidTag):
+        return "a reply that fails decryption (altered on the way)"
+    if isinstance(e, OSError):
+        return e.strerror or str(e)
+    if isinstance(e, KeyError):
+        return f"a reply to a request never sent (message id {e})"
+    if isinstance(e, SMBException):
+        return str(e)
+    return f"a malformed reply ({type(e).__name__}: {e})"
+
+
+class _LogLimit:
+    """Logs at most one line per LOG_INTERVAL; the next one says how many were held back.
+
+    A server that drops every connection would otherwise write a line per
+    attempt into syslog.
+    """
+
+    def __init__(self, level):
+        self._level = level
+        self._next = 0.0
+        self._held = 0
+
+    def __call__(self, message, *args):
+        now = time.monotonic()
+        if now < self._next:
+            self._held += 1
+            return
+        if self._held:
+            message += " (%d more such messages held back)"
+            args += (self._held,)
+        log.log(self._level, message, *args)
+        self._held = 0
+        self._next = now + LOG_INTERVAL
