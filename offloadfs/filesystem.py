@@ -16,14 +16,13 @@ import json
 import logging
 import os
 import stat
-import time
 from dataclasses import dataclass, field
 
 import trio
 
 from .backends.base import CALLER, Allocate, Caller, Passthrough, SeekData, Stat
 from .cache import AttrCache, check
-from .fuse.operations import NOW, DirEntry, Entry, Operations, Opened
+from .fuse.operations import DirEntry, Entry, Operations, Opened
 from .planner import Endpoint, Planner
 
 log = logging.getLogger(__name__)
@@ -289,11 +288,9 @@ class Filesystem(Operations):
         mode = ch.mode
         if ch.kill_suidgid and mode is None:
             mode = await self._killed_mode(inode, file)
-        now = time.time_ns()
-        st = await inode.source.backend.setattr(
+        st = await inode.source.backend.setattr(  # NOW passes through: backends.base.NOW is the same
             inode.node, file, mode=mode, uid=ch.uid, gid=ch.gid, size=ch.size,
-            atime_ns=now if ch.atime_ns == NOW else ch.atime_ns,
-            mtime_ns=now if ch.mtime_ns == NOW else ch.mtime_ns)
+            atime_ns=ch.atime_ns, mtime_ns=ch.mtime_ns)
         return self._attr(inode, self._cache(inode, st)), self._ttl(inode)
 
     async def _killed_mode(self, inode, file):

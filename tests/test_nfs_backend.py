@@ -18,8 +18,10 @@ from backendkit import make, mounted
 
 from offloadfs.backends import SourceError
 from offloadfs.backends.base import CALLER, Caller, NotSupported
-from offloadfs.backends.nfs import ops
+from offloadfs.backends.nfs import backend as nfs_backend, ops
 from offloadfs.lab import freeze
+from offloadfs.lab.nfsreplies import LoopingListing
+from offloadfs.lab.proxy import RPC, Proxy
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="ganesha labs need root (namespaces, loop devices)"),
@@ -188,6 +190,22 @@ async def test_long_directory_is_read_in_pages(place):
         items = await b.listdir(root)
     assert {i.name.decode() for i in items} == names
     assert len(items) == len(names)
+
+
+async def test_a_listing_of_ever_new_cookies_ends_at_its_bound(lab, place, monkeypatch):
+    """A server that never says eof but never repeats a cookie either: only the bound ends it."""
+    url, path = place
+    for i in range(50):
+        (path / f"f{i}").touch()
+    monkeypatch.setattr(nfs_backend, "LISTING_MAX_ENTRIES", 1000)
+    with Proxy((lab.host, 2049), RPC) as proxy:
+        async with mounted(url.replace(lab.host, f"127.0.0.1:{proxy.port}")) as (b, root):
+            proxy.mutator = looping = LoopingListing(fresh_cookies=True)
+            with pytest.raises(OSError, match="more than 1000 entries") as failed:
+                await b.listdir(root)
+            assert failed.value.errno == errno.EIO and looping.readdirs == 1000 // 50 + 1
+            proxy.mutator = None
+            assert len(await b.listdir(root)) == 50
 
 
 async def test_statfs(place):

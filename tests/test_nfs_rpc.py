@@ -1,4 +1,5 @@
 """ONC RPC over a stream: XID multiplexing, record marking, callbacks, and a dying peer."""
+import contextlib
 import struct
 
 import pytest
@@ -57,7 +58,7 @@ async def on_call(prog, vers, proc, args):
 
 async def connected(nursery, max_record=1 << 20):
     ours, theirs = trio.testing.memory_stream_pair()
-    conn = rpc.Connection(ours, on_call, max_record)
+    conn = rpc.Connection(ours, on_call, max_record, 60)
     nursery.start_soon(conn.serve)
     return conn, Peer(theirs)
 
@@ -112,6 +113,22 @@ async def test_oversized_record_drops_the_connection():
             await conn.call(1, 1, 1, rpc.AUTH_NONE, b"")
         with pytest.raises(rpc.ConnectionLost):
             await conn.call(1, 1, 1, rpc.AUTH_NONE, b"")
+
+
+async def test_fragment_flood_drops_the_connection():
+    """200 000 empty fragments before a reply would cost a fraction of a second of CPU each time."""
+    async with trio.open_nursery() as nursery:
+        conn, peer = await connected(nursery, max_record=64 << 10)
+
+        async def flood():
+            xid, _, _ = await peer.read_call()
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await peer.stream.send_all(record(b"", last=False) * 200_000 + record(accepted(xid)))
+
+        nursery.start_soon(flood)
+        with pytest.raises(rpc.ConnectionLost, match="fragments"):
+            await conn.call(1, 1, 1, rpc.AUTH_NONE, b"")
+        assert conn.garbage == f"record in more than {16 + 64} fragments"
 
 
 async def test_peer_closing_fails_waiting_calls():

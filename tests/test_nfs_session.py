@@ -352,3 +352,16 @@ def test_unclaimed_callbacks_are_dropped_after_a_while():
         client._offload_done(b"\0\0\0\1" + b"n" * 12, "new")
         assert list(client.offloads) == [b"n" * 12]
     trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def test_requests_waiting_for_a_slot_when_the_session_goes_recover_first():
+    async with trio.open_nursery() as nursery:
+        server, client = await started(nursery)
+        server.plan = ["badsession"]
+        with trio.fail_after(5):
+            async with trio.open_nursery() as calls:
+                for _ in range(12):  # more than the slots: most wait for one while the session goes
+                    calls.start_soon(probe, client)
+        assert server.sessions_made == 2
+        await client.close()
+        nursery.cancel_scope.cancel()

@@ -334,6 +334,12 @@ def test_bad_times_and_types():
         attrs.decode(Unpacker(fattr(attrs.bits(attrs.TIME_ACCESS), packed(("i64", 0), ("u32", 10**9)))), attrs.STAT)
     with pytest.raises(ProtocolError, match="file type"):
         attrs.decode(Unpacker(fattr(attrs.bits(attrs.TYPE), packed(("u32", 42)))), attrs.STAT)
+    for major, minor in ((1 << 31, 0), (1 << 12, 0), (0, 1 << 20)):  # more than FUSE's 32-bit rdev holds
+        with pytest.raises(ProtocolError, match="device number"):
+            attrs.decode(Unpacker(fattr(attrs.bits(attrs.RAWDEV), packed(("u32", major), ("u32", minor)))),
+                         attrs.STAT)
+    assert attrs.decode(Unpacker(fattr(attrs.bits(attrs.RAWDEV), packed(("u32", 4095), ("u32", (1 << 20) - 1)))),
+                        attrs.STAT) == {attrs.RAWDEV: (4095, (1 << 20) - 1)}
 
 
 def test_owner_names():
@@ -342,6 +348,8 @@ def test_owner_names():
     assert attrs.uid_of(b"root@localdomain") == 0
     assert attrs.uid_of(b"no-such-user-here@x") == attrs.NOBODY
     assert attrs.gid_of(b"\xff\xfe") == attrs.NOBODY
+    for odd in ("²", "١٢", "99999999999", "4294967295", "a\0b"):  # digits to isdigit, too big, NUL
+        assert attrs.uid_of(odd.encode()) == attrs.NOBODY, odd
 
 
 def test_attribute_encoding_is_in_bit_order():

@@ -19,6 +19,10 @@ from typing import Hashable, Protocol, runtime_checkable
 
 GROUPS_MAX = 16  # what AUTH_SYS carries
 GROUPS_TTL = 1.0  # seconds a process's groups read from /proc serve its next requests
+# A time setattr sets to "now" (touch): the source's own clock where it has one, since servers let
+# anyone who may write set that (NFS SET_TO_SERVER_TIME4) but only the owner an explicit time.
+# The value of fuse.operations.NOW, so the filesystem passes the kernel's times through.
+NOW = -1
 
 
 class NotSupported(Exception):

@@ -19,12 +19,12 @@ from urllib.parse import unquote, urlparse
 
 import trio
 
-from .base import CALLER, Backend, DirItem, FsStat, NotSupported, Stat
+from .base import CALLER, NOW, Backend, DirItem, FsStat, NotSupported, Stat
 
 FICLONERANGE = 0x4020940D  # _IOW(0x94, 13, struct file_clone_range)
 AT_EMPTY_PATH = 0x1000
 AT_SYMLINK_NOFOLLOW = 0x100
-UTIME_OMIT = (1 << 30) - 2
+UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
 COPY_CHUNK = 64 << 20  # one worker-thread call of copy_file_range: an interrupt waits for at most one
 CLONE_CHUNK = 1 << 30  # one worker-thread call of FICLONERANGE
 # What means "this pair or range cannot be done this way", not "the copy failed".
@@ -36,6 +36,13 @@ _libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.
 _libc.fchownat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_int]
 _libc.linkat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
 _libc.utimensat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int]
+
+
+def _timespec(ns):
+    """utimensat's (seconds, nanoseconds) for a setattr time: None leaves it, NOW is the clock's."""
+    if ns is None:
+        return 0, UTIME_OMIT
+    return (0, UTIME_NOW) if ns == NOW else divmod(ns, 10**9)
 
 
 def _check(ret):
@@ -147,8 +154,7 @@ class LocalBackend(Backend):
             else:
                 os.truncate(node.proc, size)
         if atime_ns is not None or mtime_ns is not None:
-            times = (ctypes.c_long * 4)(*divmod(atime_ns, 10**9) if atime_ns is not None else (0, UTIME_OMIT),
-                                        *divmod(mtime_ns, 10**9) if mtime_ns is not None else (0, UTIME_OMIT))
+            times = (ctypes.c_long * 4)(*_timespec(atime_ns), *_timespec(mtime_ns))
             _check(_libc.utimensat(node.fd, b"", times, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW))
         return await self.getattr(node, file)
 

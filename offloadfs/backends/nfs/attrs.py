@@ -8,6 +8,7 @@ import pwd
 import grp
 import stat
 
+from ..base import NOW
 from .xdr import Packer, ProtocolError, Unpacker
 
 SUPPORTED_ATTRS, TYPE, SIZE, LEASE_TIME = 0, 1, 4, 10
@@ -23,6 +24,7 @@ FORMAT = {NF4REG: stat.S_IFREG, NF4DIR: stat.S_IFDIR, NF4BLK: stat.S_IFBLK, NF4C
           NF4LNK: stat.S_IFLNK, NF4SOCK: stat.S_IFSOCK, NF4FIFO: stat.S_IFIFO,
           NF4ATTRDIR: stat.S_IFDIR, NF4NAMEDATTR: stat.S_IFREG}
 DTYPE = {NF4REG: 8, NF4DIR: 4, NF4BLK: 6, NF4CHR: 2, NF4LNK: 10, NF4SOCK: 12, NF4FIFO: 1}
+SET_TO_SERVER_TIME4, SET_TO_CLIENT_TIME4 = 0, 1  # time_how4
 NOBODY = 65534
 MAX_OWNER = 1024
 
@@ -47,8 +49,13 @@ def _time(u):
     return seconds * 1_000_000_000 + nseconds
 
 
-def _u32_pair(u):
-    return u.u32(), u.u32()
+def _device(u):
+    """specdata4 (major, minor): each a uint32, but Linux device numbers as FUSE carries them
+    (32 bits) hold a 12-bit major and a 20-bit minor."""
+    major, minor = u.u32(), u.u32()
+    if major >> 12 or minor >> 20:
+        raise ProtocolError(f"device number {major}:{minor} out of range")
+    return major, minor
 
 
 _DECODE = {
@@ -67,7 +74,7 @@ _DECODE = {
     NUMLINKS: Unpacker.u32,
     OWNER: lambda u: u.opaque(MAX_OWNER, "owner"),
     OWNER_GROUP: lambda u: u.opaque(MAX_OWNER, "owner_group"),
-    RAWDEV: _u32_pair,
+    RAWDEV: _device,
     SPACE_AVAIL: Unpacker.u64,
     SPACE_FREE: Unpacker.u64,
     SPACE_TOTAL: Unpacker.u64,
@@ -96,13 +103,15 @@ def decode(u, asked):
 
 
 def _id(name, lookup):
-    """An owner string -> a numeric id: "1000", "1000@domain" or "user@domain" (idmapping on)."""
+    """An owner string -> a numeric id: "1000", "1000@domain" or "user@domain" (idmapping on);
+    nobody for what maps to no id (str.isdigit takes "²" and "١", which int() refuses or reads)."""
     text = bytes(name).split(b"@", 1)[0].decode("utf-8", "replace")
-    if text.isdigit():
-        return int(text) & 0xFFFFFFFF
+    if text.isascii() and text.isdigit():
+        number = int(text)
+        return number if number < 0xFFFFFFFF else NOBODY  # -1 means "no id" to the kernel
     try:
         return lookup(text)
-    except KeyError:
+    except (KeyError, ValueError):  # ValueError: a NUL in the name
         return NOBODY
 
 
@@ -119,7 +128,7 @@ def mode_of(values):
 
 
 def encode(p: Packer, values):
-    """A fattr4 from {attribute number: value}: mode, size, owner/group ids, times (ns)."""
+    """A fattr4 from {attribute number: value}: mode, size, owner/group ids, times (ns, or base.NOW)."""
     body = Packer()
     for attr in sorted(values):
         v = values[attr]
@@ -129,8 +138,10 @@ def encode(p: Packer, values):
             body.u32(v & 0o7777)
         elif attr in (OWNER, OWNER_GROUP):
             body.opaque(str(v).encode())
+        elif attr in (TIME_ACCESS_SET, TIME_MODIFY_SET) and v == NOW:
+            body.u32(SET_TO_SERVER_TIME4)  # allowed to anyone who may write; a time of ours needs the owner
         elif attr in (TIME_ACCESS_SET, TIME_MODIFY_SET):
-            body.u32(1)  # SET_TO_CLIENT_TIME4
+            body.u32(SET_TO_CLIENT_TIME4)
             seconds, ns = divmod(v, 1_000_000_000)
             body.i64(seconds)
             body.u32(ns)

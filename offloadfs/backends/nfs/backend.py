@@ -46,6 +46,9 @@ PULL_PER_CALL = 64 << 20  # one inter-server COPY: each costs a COPY_NOTIFY on t
 POLL_START, POLL_MAX = 1.0, 5.0  # OFFLOAD_STATUS while waiting for CB_OFFLOAD
 LATE_CALLBACK = 2.0  # how long a finished copy's CB_OFFLOAD may lag its OFFLOAD_STATUS
 READDIR_MAX = 32768
+# One listing's bounds: a server that never says eof must not grow a listing without end.
+LISTING_MAX_ENTRIES = 1 << 20
+LISTING_MAX_BYTES = 256 << 20  # of READDIR replies (maxcount each)
 LIST_XATTRS_MAX = 65536
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
 SEEK_DATA, SEEK_HOLE = 3, 4
@@ -477,20 +480,33 @@ class NFSBackend(Backend):
     # -- directories and the rest ------------------------------------------------------------------
 
     async def listdir(self, node):
+        """Every entry, page by page; EIO for a listing that would never end: a page without
+        entries or eof, a cookie seen before (the same page again), more than the bounds."""
         items = []
+        cookies = set()
         cookie, verifier = 0, bytes(8)
-        while True:
+        for _ in range(LISTING_MAX_BYTES // READDIR_MAX):
             _, page = await self._call([ops.PutFH(node.fh), ops.ReadDir(cookie, verifier, READDIR_MAX // 4,
                                                                         READDIR_MAX, attrs.DIRENT & self.supported)])
             for e in page.entries:
+                if e.cookie in cookies:
+                    raise self._endless(f"READDIR repeats cookie {e.cookie}")
+                cookies.add(e.cookie)
                 if e.name not in (b".", b".."):
                     items.append(DirItem(e.name, e.values.get(attrs.FILEID, 0),
                                          attrs.DTYPE.get(e.values.get(attrs.TYPE), 0)))
             if page.eof:
                 return items
             if not page.entries:
-                raise OSError(errno.EIO, "READDIR made no progress")
+                raise self._endless("READDIR made no progress")
+            if len(cookies) > LISTING_MAX_ENTRIES:
+                raise self._endless(f"READDIR gave more than {LISTING_MAX_ENTRIES} entries")
             cookie, verifier = page.entries[-1].cookie, page.verifier
+        raise self._endless(f"READDIR gave more than {LISTING_MAX_BYTES >> 20} MiB")
+
+    def _endless(self, what):
+        log.warning("NFS server %s: %s; the listing fails", self.settings.host, what)
+        return OSError(errno.EIO, f"NFS server {self.settings.host}: {what}")
 
     async def statfs(self, node):
         _, v = await self._call([ops.PutFH(node.fh), ops.GetAttr(attrs.STATFS & self.supported)])

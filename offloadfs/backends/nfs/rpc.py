@@ -24,7 +24,9 @@ RPC_MISMATCH, AUTH_ERROR = 0, 1
 AUTH_NONE_FLAVOR, AUTH_SYS_FLAVOR = 0, 1
 MAX_AUTH_BYTES = 400
 LAST_FRAGMENT = 0x80000000
-SEND_TIMEOUT = 60  # a server that takes no bytes for this long is gone
+# A record may come in fragments, but a server that sends them smaller than this on average (a
+# flood of empty ones costs CPU and nothing else) breaks the protocol; a few tiny ones are fine.
+FRAGMENT_FLOOR = 1024
 
 AUTH_NONE = (AUTH_NONE_FLAVOR, b"")
 
@@ -94,14 +96,19 @@ class Connection:
 
     ``on_call(prog, vers, proc, args: Unpacker)`` answers a call from the server:
     it returns the reply's result bytes, or None for "program not served".
+    A record is at most ``max_record`` bytes; a server that takes no bytes of
+    ours for ``send_timeout`` seconds is gone.
     """
 
-    def __init__(self, stream, on_call, max_record):
+    def __init__(self, stream, on_call, max_record, send_timeout):
         self.stream = stream
         self.on_call = on_call
         self.max_record = max_record
+        self.max_fragments = 16 + max_record // FRAGMENT_FLOOR
+        self.send_timeout = send_timeout
         self.pending = {}
         self.closed = None  # why, once closed
+        self.garbage = None  # what the server sent that broke the protocol, if that ended it
         self._xids = itertools.count(int.from_bytes(os.urandom(4), "big") >> 1)
         self._send_lock = trio.Lock()
         self._buf = bytearray()
@@ -117,14 +124,14 @@ class Connection:
             async with self._send_lock:
                 if self.closed:
                     raise ConnectionLost(self.closed)
-                with trio.move_on_after(SEND_TIMEOUT) as timer:
+                with trio.move_on_after(self.send_timeout) as timer:
                     try:
                         await self.stream.send_all(data)
                     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
                         await self.close(f"send failed: {e}")
                         raise ConnectionLost(self.closed) from None
                 if timer.cancelled_caught:
-                    await self.close("the server took nothing for a minute")
+                    await self.close(f"the server took nothing for {self.send_timeout:g} s")
                     raise ConnectionLost(self.closed)
 
     async def call(self, prog, vers, proc, cred, args):
@@ -168,12 +175,15 @@ class Connection:
             total += size
             if total > self.max_record:
                 raise ProtocolError(f"record of more than {total} bytes (at most {self.max_record})")
+            if len(parts) == self.max_fragments:
+                raise ProtocolError(f"record in more than {self.max_fragments} fragments")
             parts.append(await self._read(size))
             if header & LAST_FRAGMENT:
                 return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def serve(self):
-        """Read until the connection ends; then every waiting call fails with ConnectionLost."""
+        """Read until the connection ends; then every waiting call fails with ConnectionLost
+        (and ``garbage`` says what broke the protocol, if that was why)."""
         reason = "closed"
         try:
             async with trio.open_nursery() as nursery:
@@ -185,7 +195,7 @@ class Connection:
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
                     reason = self.closed or f"connection lost: {e}"
                 except ProtocolError as e:
-                    log.error("NFS server sent garbage, dropping the connection: %s", e)
+                    self.garbage = str(e)  # the owner of the connection says so, naming the server
                     reason = f"protocol error: {e}"
                 nursery.cancel_scope.cancel()
         finally:

@@ -15,7 +15,9 @@ copies, CB_RECALL gets delegations returned (we ask for none).
 
 Hard mounts retry forever (a trio cancellation, e.g. an interrupted system
 call, still ends the wait); soft mounts give up after timeo x (retrans + 1)
-with ETIMEDOUT.
+with ETIMEDOUT.  A server that breaks every connection (garbage, resets) is
+reconnected after ever longer waits, and its trouble logged at most once a
+while: a bad server must not cost a loop of connections and log lines.
 """
 import errno
 import logging
@@ -41,6 +43,8 @@ SEQ4_STATUS_CB_PATH_DOWN, SEQ4_STATUS_CB_PATH_DOWN_SESSION = 0x1, 0x200
 ENDED_KEPT = 256  # ended copies whose late CB_OFFLOAD is ignored
 ORPHAN_OFFLOAD = 300  # seconds an unclaimed CB_OFFLOAD is kept for a COPY reply still to come
 ROOT_CRED = rpc.auth_sys(0, 0)
+RECONNECT_FIRST, RECONNECT_MAX = 0.1, 10.0  # seconds before reconnecting, doubled while connections fail
+TROUBLE_LOG_EVERY = 10.0  # seconds between two log lines about a failing server
 
 
 def _io_size(wanted, server_max, channel_max):
@@ -90,6 +94,25 @@ class SlotTable:
         self._available.release()
 
 
+class _Throttled:
+    """A log line at most every ``every`` seconds; the next one says how many were held back."""
+
+    def __init__(self, every):
+        self.every = every
+        self.next = float("-inf")
+        self.held = 0
+
+    def __call__(self, level, msg, *args):
+        now = trio.current_time()
+        if now < self.next:
+            self.held += 1
+            return
+        if self.held:
+            msg += f" ({self.held} more such line(s) held back)"
+        log.log(level, msg, *args)
+        self.next, self.held = now + self.every, 0
+
+
 class _Offload:
     def __init__(self, waited):
         self.done = trio.Event()
@@ -124,6 +147,8 @@ class Client:
         self._reclaiming = False  # a new client ID has not yet reclaimed and sent RECLAIM_COMPLETE
         self._ended = {}  # stateid "other" of copies no longer waited for (insertion-ordered, capped)
         self.users = 0
+        self.failed_connections = 0  # in a row, with no good reply on any: sets the reconnect backoff
+        self._trouble = _Throttled(TROUBLE_LOG_EVERY)
         self._verifier = os.urandom(8)
         self._owner = f"offloadfs/{socket.gethostname()}/{os.getpid()}/{os.urandom(6).hex()}".encode()
         self._lock = trio.Lock()  # one recovery at a time
@@ -227,9 +252,24 @@ class Client:
         stream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         self.address = stream.socket.getpeername()[:2]
         max_record = max(s.rsize, s.wsize) + RECORD_OVERHEAD
-        conn = rpc.Connection(stream, self._on_call, max_record)
-        self.spawn(conn.serve)
+        conn = rpc.Connection(stream, self._on_call, max_record, s.timeo)
+        self.spawn(self._serve, conn)
         return conn
+
+    async def _serve(self, conn):
+        await conn.serve()
+        if conn.garbage is not None:
+            self._trouble(logging.WARNING, "NFS server %s sent garbage, dropping the connection: %s",
+                          self.settings.host, conn.garbage)
+
+    async def _backoff(self):
+        """Wait before a new connection while the last ones brought no good reply: RECONNECT_FIRST,
+        doubled each time up to RECONNECT_MAX or timeo (a soft mount's requests must not spend
+        their time waiting); a reply that decodes starts over."""
+        if self.failed_connections:
+            cap = min(RECONNECT_MAX, self.settings.timeo)
+            await trio.sleep(min(RECONNECT_FIRST * 2 ** (self.failed_connections - 1), cap))
+        self.failed_connections += 1
 
     async def _solo(self, op):
         """A compound of one session-less operation (EXCHANGE_ID, CREATE_SESSION...)."""
@@ -257,6 +297,7 @@ class Client:
     async def _reestablish(self):
         fresh = self.conn is None or self.conn.closed
         if fresh:
+            await self._backoff()
             self.conn = await self._connect()
         if self.sessionid is not None:
             if not fresh:
@@ -342,7 +383,8 @@ class Client:
         self.table = SlotTable(max(1, min(res.fore.max_requests, MAX_SLOTS)))
 
     async def _ready(self):
-        delay = 0.5
+        """A usable connection and session; failed tries close the connection, so the next one
+        waits out the reconnect backoff."""
         while self.conn is None or self.conn.closed or self.sessionid is None:
             async with self._lock:
                 if self.conn is not None and not self.conn.closed and self.sessionid is not None:
@@ -351,11 +393,10 @@ class Client:
                     await self._recover()
                     break
                 except (OSError, rpc.ConnectionLost, rpc.RPCError, ProtocolError) as e:
-                    log.warning("NFS server %s not usable, still trying: %s", self.settings.host, e)
+                    self._trouble(logging.WARNING, "NFS server %s not usable, still trying: %s",
+                                  self.settings.host, e)
                     if self.conn is not None:
                         await self.conn.close(str(e))
-            await trio.sleep(delay)
-            delay = min(delay * 2, 10)
 
     # -- compounds --------------------------------------------------------------------------
 
@@ -388,6 +429,8 @@ class Client:
                     table = self.table
                     held = (table, await table.acquire())
                 table, slot = held
+                if table is not self.table or self.sessionid is None:
+                    continue  # the session went while we waited for the slot: recover first
                 try:
                     return await self._try_slot(self.conn, table, self.sessionid, slot, op_list, cred, cache,
                                                 retry_delay)
@@ -424,6 +467,7 @@ class Client:
         except rpc.ConnectionLost:
             raise _Again(resend=True) from None
         except (ProtocolError, rpc.RPCError) as e:
+            self._trouble(logging.WARNING, "NFS server %s refused or garbled a reply: %s", self.settings.host, e)
             self._cut_off(table, slot)
             await conn.close(str(e))
             raise OSError(errno.EIO, f"NFS server {self.settings.host}: {e}") from None
@@ -431,17 +475,18 @@ class Client:
             self._cut_off(table, slot)
             raise
         if timer.cancelled_caught:
-            log.warning("NFS server %s not answering for %g s; reconnecting", self.settings.host,
-                        self.settings.timeo)
+            self._trouble(logging.WARNING, "NFS server %s not answering for %g s; reconnecting",
+                          self.settings.host, self.settings.timeo)
             await conn.close("request timed out")
             raise _Again(resend=True)
         try:
             results, failure = compound.decode(u, full)
         except ProtocolError as e:
-            log.error("undecodable reply from %s: %s", self.settings.host, e)
+            self._trouble(logging.WARNING, "NFS server %s sent an undecodable reply: %s", self.settings.host, e)
             self._cut_off(table, slot)
             await conn.close(f"protocol error: {e}")
-            raise OSError(errno.EIO, f"NFS server sent a broken reply: {e}") from None
+            raise OSError(errno.EIO, f"NFS server {self.settings.host} sent a broken reply: {e}") from None
+        self.failed_connections = 0
         if failure is not None and failure.index == 0:
             self._sequence_failed(table, slot, failure.status)
         table.seqids[slot] = (table.seqids[slot] + 1) & 0xFFFFFFFF

@@ -25,7 +25,7 @@ import uuid
 import trio
 
 from .. import SourceError
-from ..base import Backend, DirItem, FsStat, Stat
+from ..base import NOW, Backend, DirItem, FsStat, Stat
 from . import errors, info, messages as m, url, wire
 from .capabilities import Capabilities, CopyLimits
 from ..parallel import together
@@ -325,7 +325,9 @@ class SMBBackend(Capabilities, Backend):
         if attributes:
             node.changed()
         if atime_ns is not None or mtime_ns is not None or attributes:
-            basic = info.FileBasicInformation(atime_ns, mtime_ns, attributes).pack()
+            now = time.time_ns()  # SMB has no "the server's time": set our clock's
+            basic = info.FileBasicInformation(now if atime_ns == NOW else atime_ns,
+                                              now if mtime_ns == NOW else mtime_ns, attributes).pack()
             changes.append(m.set_info(info.FILE_BASIC, basic))
         for f in files:
             for change in changes:
