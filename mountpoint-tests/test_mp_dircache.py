@@ -131,3 +131,12 @@ def test_listed_attributes_are_the_files(where, mount_on):
         got = os.stat(mnt.path / f"f{i}")
         assert (got.st_size, mnt.stored_ns(got.st_mtime_ns)) == (want.st_size, mnt.stored_ns(want.st_mtime_ns))
     assert listed["sub"][0].startswith("d")
+
+
+def test_an_nfs_listing_carries_what_readdirplus_needs(mount_on):
+    """READDIR asks for each entry's attributes and filehandle: `ls -l` then looks up nothing."""
+    mnt = mount_on("nfs-ganesha")
+    _tree(mnt.backing, dirs=2, files=10)
+    lookups = _counter(mnt, "lookups")
+    subprocess.run(["ls", "-lR", mnt.path], check=True, capture_output=True, timeout=60)
+    assert _counter(mnt, "lookups") == lookups
