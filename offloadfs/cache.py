@@ -146,11 +146,12 @@ class DirCache:
             return None
         return listing
 
-    def store(self, inode, before, items):
-        """Keep ``items``, listed after the directory had the attributes ``before``."""
-        now = time.monotonic()
+    def store(self, inode, before, items, asked=None):
+        """Keep ``items``, listed after the directory had the attributes ``before``; ``asked``
+        (monotonic): when the listing was asked for, if not just now."""
+        asked = time.monotonic() if asked is None else asked
         racy = max(before.mtime_ns, before.ctime_ns) >= time.time_ns() - RACY_NS
-        inode.listing = Listing({i.name: i for i in items}, dir_version(before), racy, now, now + self.timeout)
+        inode.listing = Listing({i.name: i for i in items}, dir_version(before), racy, asked, asked + self.timeout)
         return inode.listing
 
     def revalidate(self, inode, st):

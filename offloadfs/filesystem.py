@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 
 import trio
@@ -275,8 +276,12 @@ class Filesystem(Operations):
         if item is None:  # the kernel keeps the answer too, for what is left of the listing's time
             return Entry(0, None, min(self.options.entry_timeout, self.dircache.ttl(inode)), 0.0)
         st = self.dircache.item_stat(item, listing)
-        if item.node is not None and st is not None:
-            return self._entry(inode, name, item.node, st, listing.fetched)
+        node = item.node
+        if node is None and st is not None:  # the file the kernel holds by that name, if the listing says so
+            known = self.dentries.get((parent, name))
+            node = known.node if known is not None and known.ino == st.ino else None
+        if node is not None and st is not None:
+            return self._entry(inode, name, node, st, listing.fetched)
         try:
             return await self._lookup(inode, name)
         except FileNotFoundError:
@@ -612,8 +617,9 @@ class Filesystem(Operations):
         if before is None:
             before = self._cache(inode, await inode.source.backend.getattr(inode.node))
         self.stats.listings += 1
+        asked = time.monotonic()
         items = await inode.source.backend.listdir(inode.node)
-        return self.dircache.store(inode, before, items)
+        return self.dircache.store(inode, before, items, asked)
 
     async def releasedir(self, ctx, nodeid, fh):
         self.handles.pop(fh, None)

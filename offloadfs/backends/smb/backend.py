@@ -568,7 +568,8 @@ class SMBBackend(Capabilities, Backend):
                     raise status_error(status, what=path)
                 for name, a in info.FileIdBothDirectoryInformation.unpack_list(wire.QueryResponse.buffer(body)):
                     if name not in (".", ".."):
-                        items.append(DirItem(name.encode("utf-8", "surrogatepass"), a.file_id, 4 if a.is_dir else 8))
+                        items.append(DirItem(name.encode("utf-8", "surrogatepass"), a.file_id, 4 if a.is_dir else 8,
+                                             self._stat(a)))
                         self._listed[f"{path}\\{name}" if path else name] = (a, expiry)
                 [(status, body)] = await self.client.call(
                     self.share, [m.query_directory(fid, info.FILE_ID_BOTH_DIRECTORY, 0, LIST_BUFFER)], generation)
