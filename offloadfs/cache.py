@@ -146,13 +146,17 @@ class DirCache:
             return None
         return listing
 
-    def store(self, inode, before, items, asked=None):
+    def store(self, inode, before, items, asked=None, changes=None):
         """Keep ``items``, listed after the directory had the attributes ``before``; ``asked``
-        (monotonic): when the listing was asked for, if not just now."""
+        (monotonic): when the listing was asked for, if not just now.  A listing asked for
+        when ``inode.dir_changes`` was ``changes`` is handed back but not kept if we changed the
+        directory meanwhile: it may or may not hold that change."""
         asked = time.monotonic() if asked is None else asked
         racy = max(before.mtime_ns, before.ctime_ns) >= time.time_ns() - RACY_NS
-        inode.listing = Listing({i.name: i for i in items}, dir_version(before), racy, asked, asked + self.timeout)
-        return inode.listing
+        listing = Listing({i.name: i for i in items}, dir_version(before), racy, asked, asked + self.timeout)
+        if changes is None or changes == inode.dir_changes:
+            inode.listing = listing
+        return listing
 
     def revalidate(self, inode, st):
         """The directory has the attributes ``st`` now: the listing, valid again, or None (dropped)."""
@@ -176,6 +180,7 @@ class DirCache:
     @staticmethod
     def added(inode, item):
         """We made ``item`` in the directory."""
+        inode.dir_changes += 1
         if inode.listing is not None:
             inode.listing.items[item.name] = item
             inode.listing.version = None
@@ -183,6 +188,7 @@ class DirCache:
     @staticmethod
     def removed(inode, name):
         """We removed ``name`` from the directory; returns what the listing held for it, or None."""
+        inode.dir_changes += 1
         if inode.listing is None:
             return None
         inode.listing.version = None
@@ -191,4 +197,5 @@ class DirCache:
     @staticmethod
     def drop(inode):
         """In doubt (a change that failed, an exchange): ask the server next time."""
+        inode.dir_changes += 1
         inode.listing = None

@@ -75,6 +75,7 @@ class Inode:
     names: set = field(default_factory=set)  # (parent nodeid, name) the kernel may hold for it
     passthrough: int = 0  # handles open in passthrough: the kernel writes them without us
     listing: Listing | None = None  # directories: see cache.DirCache
+    dir_changes: int = 0  # directories: how many changes we made to it (cache.DirCache.store)
 
 
 @dataclass(slots=True)
@@ -617,9 +618,9 @@ class Filesystem(Operations):
         if before is None:
             before = self._cache(inode, await inode.source.backend.getattr(inode.node))
         self.stats.listings += 1
-        asked = time.monotonic()
+        asked, changes = time.monotonic(), inode.dir_changes
         items = await inode.source.backend.listdir(inode.node)
-        return self.dircache.store(inode, before, items, asked)
+        return self.dircache.store(inode, before, items, asked, changes)
 
     async def releasedir(self, ctx, nodeid, fh):
         self.handles.pop(fh, None)

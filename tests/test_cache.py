@@ -99,6 +99,7 @@ async def test_open_keeps_pages_only_of_a_file_that_did_not_change(tmp_path):
 
 class _Dir:
     listing = None
+    dir_changes = 0
 
 
 OLD_DIR = Stat(ino=2, mode=stat.S_IFDIR | 0o755, mtime_ns=1_000_000_000, ctime_ns=1_000_000_000, change=7)
@@ -140,3 +141,12 @@ def test_listed_attributes_are_as_old_as_the_listing():
     listing.fetched -= 2  # revalidating the directory says nothing of its files' attributes
     assert cache.revalidate(d, OLD_DIR) is listing
     assert cache.item_stat(listing.items[b"a"], listing) is None
+
+
+def test_a_listing_that_crossed_our_own_change_is_not_kept():
+    """It may or may not hold the change: kept, it could hide a file we just made."""
+    cache, d = DirCache(1.0), _Dir()
+    changes = d.dir_changes
+    cache.added(d, DirItem(b"new", 4, 8))
+    listing = cache.store(d, OLD_DIR, [], changes=changes)
+    assert listing.items == {} and d.listing is None
