@@ -115,6 +115,22 @@ def test_our_own_changes_show_at_once(where, mount_on):
 
 
 @pytest.mark.parametrize("where", WHERE)
+def test_our_write_shows_in_the_next_listing_at_once(where, mount_on):
+    """The listing's attributes are older than the write: `ls -l` (READDIRPLUS) must not show them."""
+    mnt = mount_on(where, LONG)
+    (mnt.backing / "f").write_bytes(b"x")
+    assert _ls_sizes(mnt.path)["f"] == 1
+    (mnt.path / "f").write_bytes(b"y" * 1000)
+    assert _ls_sizes(mnt.path)["f"] == 1000
+    assert os.stat(mnt.path / "f").st_size == 1000
+
+
+def _ls_sizes(path):
+    out = subprocess.run(["ls", "-ln", path], check=True, capture_output=True, text=True, timeout=60).stdout
+    return {line.split()[-1]: int(line.split()[4]) for line in out.splitlines()[1:]}
+
+
+@pytest.mark.parametrize("where", WHERE)
 def test_listed_attributes_are_the_files(where, mount_on):
     """`ls -l` takes its sizes and times from READDIRPLUS: they are the server's."""
     mnt = mount_on(where)

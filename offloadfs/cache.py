@@ -65,7 +65,8 @@ def version(st):
 
 
 class AttrCache:
-    """Attributes per inode (held in the Inode's ``stat`` and ``stat_expiry``) and their lifetime."""
+    """Attributes per inode (held in the Inode's ``stat``, ``stat_expiry`` and ``stat_since``) and
+    their lifetime."""
 
     def __init__(self, timeout):
         self.timeout = timeout
@@ -80,13 +81,23 @@ class AttrCache:
         """Keep ``st`` (checked) for attr_timeout from ``since`` (monotonic: when the server gave
         it, if not just now)."""
         inode.stat = check(where, st, inode.fmt)
-        inode.stat_expiry = (time.monotonic() if since is None else since) + self.timeout
+        inode.stat_since = time.monotonic() if since is None else since
+        inode.stat_expiry = inode.stat_since + self.timeout
         return st
 
     @staticmethod
     def drop(inode):
         """The file changed: ask again next time (the last attributes stay, to compare on open)."""
         inode.stat_expiry = 0.0
+        inode.stat_since = time.monotonic()
+
+    @staticmethod
+    def newer_than(inode, st, since):
+        """True if we know better than ``st``, attributes of ``inode`` listed at ``since``: we
+        changed the file after that (its attributes were dropped: expiry 0), or learnt others."""
+        if inode.stat_since <= since:
+            return False
+        return inode.stat_expiry == 0.0 or inode.stat is None or version(inode.stat) != version(st)
 
     def ttl(self, inode):
         """How long the kernel may keep attributes of ``inode`` handed out now: what is left of
@@ -118,6 +129,7 @@ class Listing:
     items: dict  # name -> DirItem: every entry but . and ..
     version: tuple | None  # the directory's, from before the listing; None once we changed it since
     racy: bool  # the directory changed so close to the listing that a change after it may keep its times
+    stats: bool  # its items carry attributes (SMB, NFS)
     fetched: float  # monotonic: the items' own attributes are as old as this
     expiry: float  # monotonic: until then, the listing answers without asking the server
 
@@ -139,12 +151,15 @@ class DirCache:
     def __init__(self, timeout):
         self.timeout = timeout
 
-    def fresh(self, inode):
-        """The listing while it may answer without asking, or None."""
+    def fresh(self, inode, stats=False):
+        """The listing while it may answer without asking, or None.  With ``stats`` (READDIRPLUS),
+        a listing that carries attributes only while they are fresh: past that, listing again
+        costs less than a lookup per entry."""
         listing = inode.listing
-        if listing is None or time.monotonic() >= listing.expiry:
+        if listing is None:
             return None
-        return listing
+        until = listing.fetched + self.timeout if stats and listing.stats else listing.expiry
+        return listing if time.monotonic() < until else None
 
     def store(self, inode, before, items, asked=None, changes=None):
         """Keep ``items``, listed after the directory had the attributes ``before``; ``asked``
@@ -153,7 +168,8 @@ class DirCache:
         directory meanwhile: it may or may not hold that change."""
         asked = time.monotonic() if asked is None else asked
         racy = max(before.mtime_ns, before.ctime_ns) >= time.time_ns() - RACY_NS
-        listing = Listing({i.name: i for i in items}, dir_version(before), racy, asked, asked + self.timeout)
+        listing = Listing({i.name: i for i in items}, dir_version(before), racy,
+                          any(i.stat is not None for i in items), asked, asked + self.timeout)
         if changes is None or changes == inode.dir_changes:
             inode.listing = listing
         return listing

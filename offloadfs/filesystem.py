@@ -11,8 +11,8 @@ copy request.
 """
 import dataclasses
 import errno
-import itertools
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -70,6 +70,7 @@ class Inode:
     pinned: bool = False  # source roots live as long as the mount
     stat: Stat | None = None
     stat_expiry: float = 0.0
+    stat_since: float = 0.0  # monotonic: when what we know of its attributes dates from
     parent: "Inode | None" = None  # where it was last looked up: for names in `offloadfs status`
     name: bytes = b""
     names: set = field(default_factory=set)  # (parent nodeid, name) the kernel may hold for it
@@ -273,21 +274,35 @@ class Filesystem(Operations):
         listing = await self._valid_listing(inode, RELIST_FOR_LOOKUP)
         if listing is None:
             return await self._lookup(inode, name)
-        item = listing.items.get(name)
-        if item is None:  # the kernel keeps the answer too, for what is left of the listing's time
+        if name not in listing.items:  # the kernel keeps the answer too, for what is left of the listing's time
             return Entry(0, None, min(self.options.entry_timeout, self.dircache.ttl(inode)), 0.0)
-        st = self.dircache.item_stat(item, listing)
-        node = item.node
-        if node is None and st is not None:  # the file the kernel holds by that name, if the listing says so
-            known = self.dentries.get((parent, name))
-            node = known.node if known is not None and known.ino == st.ino else None
-        if node is not None and st is not None:
-            return self._entry(inode, name, node, st, listing.fetched)
+        listed = self._listed(inode, name, listing)
+        if listed is not None:
+            return self._entry(inode, name, *listed, listing.fetched)
         try:
             return await self._lookup(inode, name)
         except FileNotFoundError:
             self.dircache.drop(inode)  # it listed a name that is gone: list again next time
             raise
+
+    def _listed(self, dir, name, listing):
+        """(node, attributes) of ``name`` as the listing gave them, or None where a lookup must ask:
+        they are too old, we changed the file since, or the listing carried no node and the kernel
+        holds no file of that number by that name."""
+        item = listing.items[name]
+        st = self.dircache.item_stat(item, listing)
+        if st is None:
+            return None
+        node = item.node
+        if node is None:
+            known = self.dentries.get((dir.nodeid, name))
+            if known is None or known.ino != st.ino:
+                return None
+            node = known.node
+        known = self.by_key.get((dir.source.index, dir.source.backend.identity(node, st)))
+        if known is not None and self.cache.newer_than(known, st, listing.fetched):
+            return None
+        return node, st
 
     async def _lookup(self, dir, name):
         self.stats.lookups += 1
@@ -563,17 +578,17 @@ class Filesystem(Operations):
         self.handles[fh] = Handle(inode)
         return Opened(fh)
 
-    async def readdir(self, ctx, nodeid, fh, offset):
+    async def readdir(self, ctx, nodeid, fh, offset, plus=False):
         h = self._handle(fh)
         if offset == 0 or not h.listing:  # a new pass, or a seekdir() on a fresh handle
-            h.listing = await self._listing(h.inode)
+            h.listing = await self._listing(h.inode, plus)
         return [DirEntry(name, ino, dtype, i + 1) for i, (name, ino, dtype) in
                 enumerate(h.listing[offset:], start=offset)]
 
     async def readdirplus(self, ctx, nodeid, fh, offset, fits):
         """Each entry with its lookup, from the listing where it carried the attributes."""
         out = []
-        for d in await self.readdir(ctx, nodeid, fh, offset):
+        for d in await self.readdir(ctx, nodeid, fh, offset, plus=True):
             if not fits(d.name):
                 break
             entry = None
@@ -589,24 +604,25 @@ class Filesystem(Operations):
             out.append((d, entry))
         return out
 
-    async def _listing(self, inode):
+    async def _listing(self, inode, plus):
         dots = [(b".", self._ino_of(inode), 4), (b"..", ROOT, 4)]  # d_ino 0 would hide ".."
         if inode.source is None:
             return dots + [(os.fsencode(s.name), self._ino_of(self.roots[s.index]), 4) for s in self.sources]
-        listing = await self._valid_listing(inode)
+        listing = await self._valid_listing(inode, stats=plus)
         return dots + [(i.name, self._ino(inode.source, i.ino), i.type) for i in listing.items.values()]
 
-    async def _valid_listing(self, inode, relist_within=None):
+    async def _valid_listing(self, inode, relist_within=None, stats=False):
         """The directory's listing, revalidated or fetched again as the cache's rules say.  With
         ``relist_within`` (a lookup): None instead of fetching, unless the directory had a listing
-        of at most that many entries (an unknown or large directory is asked for one name)."""
-        listing = self.dircache.fresh(inode)
+        of at most that many entries (an unknown or large directory is asked for one name).
+        ``stats``: see DirCache.fresh."""
+        listing = self.dircache.fresh(inode, stats)
         if listing is not None:
             return listing
         held = inode.listing
         if held is None and relist_within is not None:
             return None
-        if held is not None and not held.racy and held.version is not None:
+        if held is not None and not held.racy and held.version is not None and not (stats and held.stats):
             st = self._cache(inode, await inode.source.backend.getattr(inode.node))
             listing = self.dircache.revalidate(inode, st)
             if listing is not None:

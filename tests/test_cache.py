@@ -10,7 +10,7 @@ import pytest
 
 from offloadfs.backends.base import DirItem, Stat
 from offloadfs.backends.local import LocalBackend
-from offloadfs.cache import DirCache, problem
+from offloadfs.cache import AttrCache, DirCache, problem
 from offloadfs.filesystem import Filesystem, Options
 from offloadfs.fuse.operations import Ctx
 from offloadfs.stats import Stats
@@ -150,3 +150,27 @@ def test_a_listing_that_crossed_our_own_change_is_not_kept():
     cache.added(d, DirItem(b"new", 4, 8))
     listing = cache.store(d, OLD_DIR, [], changes=changes)
     assert listing.items == {} and d.listing is None
+
+
+def test_readdirplus_wants_a_listing_whose_attributes_are_fresh():
+    cache, d = DirCache(1.0), _Dir()
+    listing = cache.store(d, OLD_DIR, [DirItem(b"a", 3, 8, stat=GOOD)])
+    listing.fetched -= 2
+    assert cache.revalidate(d, OLD_DIR) is listing
+    assert cache.fresh(d) is listing  # names, for lookups and readdir
+    assert cache.fresh(d, stats=True) is None  # a lookup per entry would cost more than a listing
+
+
+class _File:
+    stat, stat_expiry, stat_since, passthrough, fmt = None, 0.0, 0.0, 0, stat.S_IFREG
+
+
+def test_a_listing_does_not_hand_out_attributes_older_than_ours():
+    attrs, f = AttrCache(1.0), _File()
+    listed_at = time.monotonic()
+    attrs.store("test", f, GOOD)
+    assert not AttrCache.newer_than(f, GOOD, listed_at)  # the same attributes, learnt again
+    assert AttrCache.newer_than(f, dataclasses.replace(GOOD, size=9), listed_at)
+    AttrCache.drop(f)  # we wrote to it
+    assert AttrCache.newer_than(f, GOOD, listed_at)
+    assert not AttrCache.newer_than(f, GOOD, time.monotonic())  # a listing after the write
