@@ -427,6 +427,8 @@ class SMBBackend(Capabilities, Backend):
     async def open(self, node, flags):
         path = _path(node)
         truncate = flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY
+        if truncate:
+            self._listed.clear()  # a listing's size of the file is wrong from now on
         file, a = await self._open(node, path, _access(flags), m.OVERWRITE if truncate else m.OPEN,
                                    0 if node.is_dir else m.NON_DIRECTORY_FILE)
         if a.file_id != node.ino:
