@@ -6,7 +6,8 @@ did not change since it last saw it (close-to-open).  A stat() without an
 open may be at most attr_timeout old, counting the time the kernel holds an
 answer: what the daemon hands on from its own cache carries only the time it
 has left.  A file open in passthrough is never served from the cache: the
-kernel writes it without us.
+kernel writes it without us.  Directories keep their listings by the same
+rules (DirCache).
 
 Every Stat is checked where it enters (``check``): the kernel marks an inode
 bad for the rest of the mount when handed an impossible attribute (a size
@@ -17,12 +18,14 @@ import errno
 import logging
 import stat
 import time
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
 U32, U64 = 1 << 32, 1 << 64
 LLONG_MAX = (1 << 63) - 1
 NS = 1_000_000_000
+RACY_NS = NS  # see DirCache: more than any server's timestamp step, and some clock skew
 FILE_TYPES = frozenset({stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK, stat.S_IFCHR, stat.S_IFBLK,
                         stat.S_IFIFO, stat.S_IFSOCK})
 
@@ -62,7 +65,8 @@ def version(st):
 
 
 class AttrCache:
-    """Attributes per inode (held in the Inode's ``stat`` and ``stat_expiry``) and their lifetime."""
+    """Attributes per inode (held in the Inode's ``stat``, ``stat_expiry`` and ``stat_since``) and
+    their lifetime."""
 
     def __init__(self, timeout):
         self.timeout = timeout
@@ -73,16 +77,27 @@ class AttrCache:
             return None
         return inode.stat
 
-    def store(self, where, inode, st):
-        """Keep ``st`` (checked) for attr_timeout."""
+    def store(self, where, inode, st, since=None):
+        """Keep ``st`` (checked) for attr_timeout from ``since`` (monotonic: when the server gave
+        it, if not just now)."""
         inode.stat = check(where, st, inode.fmt)
-        inode.stat_expiry = time.monotonic() + self.timeout
+        inode.stat_since = time.monotonic() if since is None else since
+        inode.stat_expiry = inode.stat_since + self.timeout
         return st
 
     @staticmethod
     def drop(inode):
         """The file changed: ask again next time (the last attributes stay, to compare on open)."""
         inode.stat_expiry = 0.0
+        inode.stat_since = time.monotonic()
+
+    @staticmethod
+    def newer_than(inode, st, since):
+        """True if we know better than ``st``, attributes of ``inode`` listed at ``since``: we
+        changed the file after that (its attributes were dropped: expiry 0), or learnt others."""
+        if inode.stat_since <= since:
+            return False
+        return inode.stat_expiry == 0.0 or inode.stat is None or version(inode.stat) != version(st)
 
     def ttl(self, inode):
         """How long the kernel may keep attributes of ``inode`` handed out now: what is left of
@@ -97,3 +112,106 @@ class AttrCache:
         unchanged = inode.stat is not None and version(inode.stat) == version(st)
         self.store(where, inode, st)
         return unchanged
+
+
+def dtype(mode):
+    """The DT_* value of a file of ``mode`` (DT_REG is S_IFREG >> 12, and so on)."""
+    return stat.S_IFMT(mode) >> 12
+
+
+def dir_version(st):
+    """What changes whenever a directory's entries do: its times, and NFS's change attribute."""
+    return st.change, st.mtime_ns, st.ctime_ns
+
+
+@dataclass(slots=True)
+class Listing:
+    items: dict  # name -> DirItem: every entry but . and ..
+    version: tuple | None  # the directory's, from before the listing; None once we changed it since
+    racy: bool  # the directory changed so close to the listing that a change after it may keep its times
+    stats: bool  # its items carry attributes (SMB, NFS)
+    fetched: float  # monotonic: the items' own attributes are as old as this
+    expiry: float  # monotonic: until then, the listing answers without asking the server
+
+
+class DirCache:
+    """Complete listings of directories (held in the Inode's ``listing``), the NFS client's way.
+
+    A listing answers readdir and lookups, a name it lacks included (ENOENT with no request),
+    for attr_timeout after it was fetched.  Later, the directory's attributes are asked for
+    (one small request) and the listing lives on for another attr_timeout if the directory's
+    version is the one taken *before* the listing (an older version only costs a new listing;
+    a newer one could hide a change).  Timestamps have steps (a jiffy, 100 ns on SMB), so a
+    directory that changed within RACY_NS of the listing may change again with the same times:
+    such a listing is fetched again instead (git's "racy" index entries).  Our own changes
+    update the listing in place and clear its version: it answers until it expires, then is
+    fetched again, as its directory's times moved under us.
+    """
+
+    def __init__(self, timeout):
+        self.timeout = timeout
+
+    def fresh(self, inode, stats=False):
+        """The listing while it may answer without asking, or None.  With ``stats`` (READDIRPLUS),
+        a listing that carries attributes only while they are fresh: past that, listing again
+        costs less than a lookup per entry."""
+        listing = inode.listing
+        if listing is None:
+            return None
+        until = listing.fetched + self.timeout if stats and listing.stats else listing.expiry
+        return listing if time.monotonic() < until else None
+
+    def store(self, inode, before, items, asked=None, changes=None):
+        """Keep ``items``, listed after the directory had the attributes ``before``; ``asked``
+        (monotonic): when the listing was asked for, if not just now.  A listing asked for
+        when ``inode.dir_changes`` was ``changes`` is handed back but not kept if we changed the
+        directory meanwhile: it may or may not hold that change."""
+        asked = time.monotonic() if asked is None else asked
+        racy = max(before.mtime_ns, before.ctime_ns) >= time.time_ns() - RACY_NS
+        listing = Listing({i.name: i for i in items}, dir_version(before), racy,
+                          any(i.stat is not None for i in items), asked, asked + self.timeout)
+        if changes is None or changes == inode.dir_changes:
+            inode.listing = listing
+        return listing
+
+    def revalidate(self, inode, st):
+        """The directory has the attributes ``st`` now: the listing, valid again, or None (dropped)."""
+        listing = inode.listing
+        if listing is None or listing.racy or listing.version != dir_version(st):
+            inode.listing = None
+            return None
+        listing.expiry = time.monotonic() + self.timeout
+        return listing
+
+    def ttl(self, inode):
+        """How long a negative answer from the listing may be kept by the kernel."""
+        return 0.0 if inode.listing is None else max(0.0, inode.listing.expiry - time.monotonic())
+
+    def item_stat(self, item, listing):
+        """The attributes the listing carried for ``item``, while they are fresh enough to hand on."""
+        if item.stat is None or time.monotonic() >= listing.fetched + self.timeout:
+            return None
+        return item.stat
+
+    @staticmethod
+    def added(inode, item):
+        """We made ``item`` in the directory."""
+        inode.dir_changes += 1
+        if inode.listing is not None:
+            inode.listing.items[item.name] = item
+            inode.listing.version = None
+
+    @staticmethod
+    def removed(inode, name):
+        """We removed ``name`` from the directory; returns what the listing held for it, or None."""
+        inode.dir_changes += 1
+        if inode.listing is None:
+            return None
+        inode.listing.version = None
+        return inode.listing.items.pop(name, None)
+
+    @staticmethod
+    def drop(inode):
+        """In doubt (a change that failed, an exchange): ask the server next time."""
+        inode.dir_changes += 1
+        inode.listing = None

@@ -11,6 +11,7 @@ copy request.
 """
 import dataclasses
 import errno
+import contextlib
 import itertools
 import json
 import logging
@@ -21,8 +22,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from .backends.base import CALLER, Allocate, Caller, Passthrough, SeekData, Stat
-from .cache import AttrCache, check
+from .backends.base import CALLER, Allocate, Caller, DirItem, Passthrough, SeekData, Stat
+from .cache import AttrCache, DirCache, Listing, check, dtype
 from .fuse.operations import DirEntry, Entry, Operations, Opened
 from .planner import Endpoint, Planner
 
@@ -33,6 +34,9 @@ STATUS_XATTR = b"user.offloadfs.status"
 SEEK_DATA, SEEK_HOLE = 3, 4
 RENAME_EXCHANGE = 2
 NAME_MAX = 255
+# A lookup in a directory whose listing changed lists it again (rather than asking for the one
+# name) if it held at most this many entries: a few round trips that answer the next lookups too.
+RELIST_FOR_LOOKUP = 1024
 
 
 @dataclass
@@ -66,10 +70,13 @@ class Inode:
     pinned: bool = False  # source roots live as long as the mount
     stat: Stat | None = None
     stat_expiry: float = 0.0
+    stat_since: float = 0.0  # monotonic: when what we know of its attributes dates from
     parent: "Inode | None" = None  # where it was last looked up: for names in `offloadfs status`
     name: bytes = b""
     names: set = field(default_factory=set)  # (parent nodeid, name) the kernel may hold for it
     passthrough: int = 0  # handles open in passthrough: the kernel writes them without us
+    listing: Listing | None = None  # directories: see cache.DirCache
+    dir_changes: int = 0  # directories: how many changes we made to it (cache.DirCache.store)
 
 
 @dataclass(slots=True)
@@ -98,6 +105,7 @@ class Filesystem(Operations):
         self.sources = [Source(name, backend, i) for i, (name, backend) in enumerate(sources.items())]
         self.multi = len(self.sources) > 1
         self.cache = AttrCache(options.attr_timeout)
+        self.dircache = DirCache(options.attr_timeout)
         self.inodes = {}
         self.by_key = {}
         self.dentries = {}  # (parent nodeid, name) -> Inode: what unlink and rename change
@@ -186,8 +194,8 @@ class Filesystem(Operations):
         path = self._path(inode) + ("/" + os.fsdecode(name) if name else "")
         return f"{inode.source.backend.url} ({path or '/'})"
 
-    def _cache(self, inode, st):
-        return self.cache.store(self._where(inode), inode, st)
+    def _cache(self, inode, st, since=None):
+        return self.cache.store(self._where(inode), inode, st, since)
 
     def _stale(self, inode):
         self.cache.drop(inode)
@@ -195,7 +203,7 @@ class Filesystem(Operations):
     def _ttl(self, inode):
         return self.options.attr_timeout if inode.source is None else self.cache.ttl(inode)
 
-    def _entry(self, parent, name, node, st):
+    def _entry(self, parent, name, node, st, since=None):
         """Hand one lookup reference to the kernel, reusing the nodeid of a known file."""
         source = parent.source
         try:
@@ -210,7 +218,7 @@ class Filesystem(Operations):
             self.by_key[key] = inode
         elif node is not inode.node:
             source.backend.forget(node)  # the same file again: keep the node we have
-        self._cache(inode, st)  # refuses a known file whose type changed: nothing is handed out
+        self._cache(inode, st, since)  # refuses a known file whose type changed: nothing is handed out
         inode.lookups += 1
         self._name(parent, name, inode)
         return Entry(inode.nodeid, self._attr(inode, st), self.options.entry_timeout, self._ttl(inode))
@@ -263,8 +271,47 @@ class Filesystem(Operations):
                     root.lookups += 1
                     return Entry(root.nodeid, self._attr(root, st), self.options.entry_timeout, self._ttl(root))
             raise OSError(errno.ENOENT, "no such source")
-        node, st = await inode.source.backend.lookup(inode.node, name)
-        return self._entry(inode, name, node, st)
+        listing = await self._valid_listing(inode, RELIST_FOR_LOOKUP)
+        if listing is None:
+            return await self._lookup(inode, name)
+        if name not in listing.items:  # the kernel keeps the answer too, for what is left of the listing's time
+            return Entry(0, None, min(self.options.entry_timeout, self.dircache.ttl(inode)), 0.0)
+        listed = self._listed(inode, name, listing)
+        if listed is not None:
+            return self._entry(inode, name, *listed, listing.fetched)
+        try:
+            return await self._lookup(inode, name)
+        except FileNotFoundError:
+            self.dircache.drop(inode)  # it listed a name that is gone: list again next time
+            raise
+
+    def _listed(self, dir, name, listing):
+        """(node, attributes) of ``name`` as the listing gave them, or None where a lookup must ask:
+        they are too old, we changed the file since, or the listing carried no node and the kernel
+        holds no file of that number by that name."""
+        item = listing.items[name]
+        st = self.dircache.item_stat(item, listing)
+        if st is None:
+            return None
+        node = item.node
+        if node is None:
+            known = self.dentries.get((dir.nodeid, name))
+            if known is None or known.ino != st.ino:
+                return None
+            node = known.node
+        known = self.by_key.get((dir.source.index, dir.source.backend.identity(node, st)))
+        if known is not None and self.cache.newer_than(known, st, listing.fetched):
+            return None
+        return node, st
+
+    async def _lookup(self, dir, name):
+        self.stats.lookups += 1
+        try:
+            node, st = await dir.source.backend.lookup(dir.node, name)
+        except FileNotFoundError:
+            self.stats.lookups_absent += 1
+            raise
+        return self._entry(dir, name, node, st)
 
     async def _getattr(self, inode, file):
         if inode.source is None:
@@ -314,9 +361,29 @@ class Filesystem(Operations):
         self._writable()
         check_name(name)
         dir = self._dir(parent)
-        node, st = await call(dir.source.backend)(dir.node, name, *args)
+        async with self._changing(dir):
+            node, st = await call(dir.source.backend)(dir.node, name, *args)
+        entry = self._added(dir, name, node, st)
+        if stat.S_ISDIR(st.mode):  # empty when made: its first lookups need no listing
+            self.dircache.store(self.inodes[entry.nodeid], st, [])
+        return entry
+
+    def _added(self, dir, name, node, st):
+        """We made ``name`` in ``dir``: hand it to the kernel, and the listing holds it at once."""
         self._stale(dir)
-        return self._entry(dir, name, node, st)
+        entry = self._entry(dir, name, node, st)
+        self.dircache.added(dir, DirItem(name, st.ino, dtype(st.mode)))
+        return entry
+
+    @contextlib.asynccontextmanager
+    async def _changing(self, *dirs):
+        """A change to ``dirs`` that fails leaves their listings in doubt (the server knew better)."""
+        try:
+            yield
+        except BaseException:
+            for dir in dirs:
+                self.dircache.drop(dir)
+            raise
 
     async def symlink(self, ctx, parent, name, target):
         return await self._make(parent, name, lambda b: b.symlink, target)
@@ -334,17 +401,19 @@ class Filesystem(Operations):
         dir = self._dir(newparent)
         if dir.source is not inode.source:
             raise OSError(errno.EXDEV, "hard links stay within one source")
-        node, st = await inode.source.backend.link(inode.node, dir.node, newname)
-        self._stale(dir)
-        return self._entry(dir, newname, node, st)
+        async with self._changing(dir):
+            node, st = await inode.source.backend.link(inode.node, dir.node, newname)
+        return self._added(dir, newname, node, st)
 
     async def _remove(self, parent, name, rmdir):
         self._writable()
         check_name(name)
         dir = self._dir(parent)
         backend = dir.source.backend
-        await (backend.rmdir if rmdir else backend.unlink)(dir.node, name)
+        async with self._changing(dir):
+            await (backend.rmdir if rmdir else backend.unlink)(dir.node, name)
         self._stale(dir)
+        self.dircache.removed(dir, name)
         self._unname(dir, name)
 
     async def unlink(self, ctx, parent, name):
@@ -360,9 +429,17 @@ class Filesystem(Operations):
         old, new = self._dir(parent), self._dir(newparent)
         if old.source is not new.source:
             raise OSError(errno.EXDEV, "rename across sources")  # mv then copies, through us
-        await old.source.backend.rename(old.node, name, new.node, newname, flags)
+        async with self._changing(old, new):
+            await old.source.backend.rename(old.node, name, new.node, newname, flags)
         self._stale(old)
         self._stale(new)
+        item = self.dircache.removed(old, name)
+        self.dircache.removed(new, newname)
+        if item is None or flags & RENAME_EXCHANGE:
+            self.dircache.drop(old)
+            self.dircache.drop(new)
+        else:
+            self.dircache.added(new, DirItem(newname, item.ino, item.type))
         moved, replaced = self._unname(old, name), self._unname(new, newname)
         if moved is not None:
             self._name(new, newname, moved)
@@ -414,9 +491,9 @@ class Filesystem(Operations):
         self._writable()
         check_name(name)
         dir = self._dir(parent)
-        node, st, file = await dir.source.backend.create(dir.node, name, self._open_flags(flags), mode)
-        self._stale(dir)
-        entry = self._entry(dir, name, node, st)
+        async with self._changing(dir):
+            node, st, file = await dir.source.backend.create(dir.node, name, self._open_flags(flags), mode)
+        entry = self._added(dir, name, node, st)
         return entry, self._opened(self.inodes[entry.nodeid], file)
 
     async def read(self, ctx, nodeid, fh, offset, size):
@@ -501,19 +578,65 @@ class Filesystem(Operations):
         self.handles[fh] = Handle(inode)
         return Opened(fh)
 
-    async def readdir(self, ctx, nodeid, fh, offset):
+    async def readdir(self, ctx, nodeid, fh, offset, plus=False):
         h = self._handle(fh)
         if offset == 0 or not h.listing:  # a new pass, or a seekdir() on a fresh handle
-            h.listing = await self._listing(h.inode)
+            h.listing = await self._listing(h.inode, plus)
         return [DirEntry(name, ino, dtype, i + 1) for i, (name, ino, dtype) in
                 enumerate(h.listing[offset:], start=offset)]
 
-    async def _listing(self, inode):
+    async def readdirplus(self, ctx, nodeid, fh, offset, fits):
+        """Each entry with its lookup, from the listing where it carried the attributes."""
+        out = []
+        for d in await self.readdir(ctx, nodeid, fh, offset, plus=True):
+            if not fits(d.name):
+                break
+            entry = None
+            if d.name not in (b".", b".."):
+                try:
+                    entry = await self.lookup(ctx, nodeid, d.name)
+                except FileNotFoundError:
+                    pass  # vanished since listed: a zero entry tells the kernel nothing
+                if entry is not None and entry.nodeid == 0:
+                    entry = None
+                if entry is not None:
+                    d.ino = entry.attr.ino
+            out.append((d, entry))
+        return out
+
+    async def _listing(self, inode, plus):
         dots = [(b".", self._ino_of(inode), 4), (b"..", ROOT, 4)]  # d_ino 0 would hide ".."
         if inode.source is None:
             return dots + [(os.fsencode(s.name), self._ino_of(self.roots[s.index]), 4) for s in self.sources]
+        listing = await self._valid_listing(inode, stats=plus)
+        return dots + [(i.name, self._ino(inode.source, i.ino), i.type) for i in listing.items.values()]
+
+    async def _valid_listing(self, inode, relist_within=None, stats=False):
+        """The directory's listing, revalidated or fetched again as the cache's rules say.  With
+        ``relist_within`` (a lookup): None instead of fetching, unless the directory had a listing
+        of at most that many entries (an unknown or large directory is asked for one name).
+        ``stats``: see DirCache.fresh."""
+        listing = self.dircache.fresh(inode, stats)
+        if listing is not None:
+            return listing
+        held = inode.listing
+        if held is None and relist_within is not None:
+            return None
+        if held is not None and not held.racy and held.version is not None and not (stats and held.stats):
+            st = self._cache(inode, await inode.source.backend.getattr(inode.node))
+            listing = self.dircache.revalidate(inode, st)
+            if listing is not None:
+                return listing
+        if relist_within is not None and (held is None or len(held.items) > relist_within):
+            self.dircache.drop(inode)
+            return None
+        before = self.cache.fresh(inode)  # older than the listing, as its version must be
+        if before is None:
+            before = self._cache(inode, await inode.source.backend.getattr(inode.node))
+        self.stats.listings += 1
+        asked, changes = time.monotonic(), inode.dir_changes
         items = await inode.source.backend.listdir(inode.node)
-        return dots + [(i.name, self._ino(inode.source, i.ino), i.type) for i in items]
+        return self.dircache.store(inode, before, items, asked, changes)
 
     async def releasedir(self, ctx, nodeid, fh):
         self.handles.pop(fh, None)

@@ -34,6 +34,10 @@ class Stats:
         self.copy_errors = 0
         self.fuse_read_bytes = 0
         self.fuse_write_bytes = 0
+        # What the filesystem asked its backends about names: what the directory cache saves.
+        self.listings = 0
+        self.lookups = 0
+        self.lookups_absent = 0  # lookups the server answered "no such file"
         self.in_flight = {}
         self._ids = itertools.count(1)
 
@@ -73,5 +77,8 @@ class Stats:
                 "copy_errors": self.copy_errors,
                 "fuse_read_bytes": self.fuse_read_bytes,
                 "fuse_write_bytes": self.fuse_write_bytes,
+                "listings": self.listings,
+                "lookups": self.lookups,
+                "lookups_absent": self.lookups_absent,
             },
         }

@@ -4,12 +4,13 @@ import errno
 import logging
 import os
 import stat
+import time
 
 import pytest
 
-from offloadfs.backends.base import Stat
+from offloadfs.backends.base import DirItem, Stat
 from offloadfs.backends.local import LocalBackend
-from offloadfs.cache import problem
+from offloadfs.cache import AttrCache, DirCache, problem
 from offloadfs.filesystem import Filesystem, Options
 from offloadfs.fuse.operations import Ctx
 from offloadfs.stats import Stats
@@ -94,3 +95,82 @@ async def test_open_keeps_pages_only_of_a_file_that_did_not_change(tmp_path):
     assert attr.size == 25
     for opened in (first, second):
         await fs.release(ROOT_CTX, entry.nodeid, opened.fh)
+
+
+class _Dir:
+    listing = None
+    dir_changes = 0
+
+
+OLD_DIR = Stat(ino=2, mode=stat.S_IFDIR | 0o755, mtime_ns=1_000_000_000, ctime_ns=1_000_000_000, change=7)
+
+
+def test_a_listing_lives_on_while_its_directory_is_unchanged():
+    cache, d = DirCache(1.0), _Dir()
+    cache.store(d, OLD_DIR, [DirItem(b"a", 3, 8)])
+    assert cache.fresh(d) is d.listing
+    assert cache.revalidate(d, dataclasses.replace(OLD_DIR, atime_ns=5)) is d.listing
+    for change in ({"mtime_ns": 2}, {"ctime_ns": 2}, {"change": 8}):
+        cache.store(d, OLD_DIR, [])
+        assert cache.revalidate(d, dataclasses.replace(OLD_DIR, **change)) is None
+        assert d.listing is None
+
+
+def test_a_listing_of_a_directory_changed_just_before_is_fetched_again():
+    """Within a timestamp step, a change after the listing could keep the directory's times."""
+    cache, d = DirCache(1.0), _Dir()
+    recent = dataclasses.replace(OLD_DIR, mtime_ns=time.time_ns())
+    cache.store(d, recent, [])
+    assert cache.fresh(d) is not None  # it answers for attr_timeout all the same
+    assert cache.revalidate(d, recent) is None
+
+
+def test_our_changes_update_the_listing_and_end_its_revalidation():
+    cache, d = DirCache(1.0), _Dir()
+    cache.store(d, OLD_DIR, [DirItem(b"a", 3, 8)])
+    cache.added(d, DirItem(b"b", 4, 4))
+    assert cache.removed(d, b"a").ino == 3
+    assert list(cache.fresh(d).items) == [b"b"]
+    assert cache.revalidate(d, OLD_DIR) is None  # our change moved the directory's times
+
+
+def test_listed_attributes_are_as_old_as_the_listing():
+    cache, d = DirCache(1.0), _Dir()
+    listing = cache.store(d, OLD_DIR, [DirItem(b"a", 3, 8, stat=GOOD)])
+    assert cache.item_stat(listing.items[b"a"], listing) is GOOD
+    listing.fetched -= 2  # revalidating the directory says nothing of its files' attributes
+    assert cache.revalidate(d, OLD_DIR) is listing
+    assert cache.item_stat(listing.items[b"a"], listing) is None
+
+
+def test_a_listing_that_crossed_our_own_change_is_not_kept():
+    """It may or may not hold the change: kept, it could hide a file we just made."""
+    cache, d = DirCache(1.0), _Dir()
+    changes = d.dir_changes
+    cache.added(d, DirItem(b"new", 4, 8))
+    listing = cache.store(d, OLD_DIR, [], changes=changes)
+    assert listing.items == {} and d.listing is None
+
+
+def test_readdirplus_wants_a_listing_whose_attributes_are_fresh():
+    cache, d = DirCache(1.0), _Dir()
+    listing = cache.store(d, OLD_DIR, [DirItem(b"a", 3, 8, stat=GOOD)])
+    listing.fetched -= 2
+    assert cache.revalidate(d, OLD_DIR) is listing
+    assert cache.fresh(d) is listing  # names, for lookups and readdir
+    assert cache.fresh(d, stats=True) is None  # a lookup per entry would cost more than a listing
+
+
+class _File:
+    stat, stat_expiry, stat_since, passthrough, fmt = None, 0.0, 0.0, 0, stat.S_IFREG
+
+
+def test_a_listing_does_not_hand_out_attributes_older_than_ours():
+    attrs, f = AttrCache(1.0), _File()
+    listed_at = time.monotonic()
+    attrs.store("test", f, GOOD)
+    assert not AttrCache.newer_than(f, GOOD, listed_at)  # the same attributes, learnt again
+    assert AttrCache.newer_than(f, dataclasses.replace(GOOD, size=9), listed_at)
+    AttrCache.drop(f)  # we wrote to it
+    assert AttrCache.newer_than(f, GOOD, listed_at)
+    assert not AttrCache.newer_than(f, GOOD, time.monotonic())  # a listing after the write

@@ -64,12 +64,24 @@ class Slow(Operations):
         return 5 << 30  # over 4 GiB: only opcode 53 can say so
 
     async def lookup(self, ctx, parent, name):
+        if name == b"negative":
+            return Entry(0, None, entry_timeout=2.5)
         if name != b"a":
             raise FileNotFoundError(errno.ENOENT, "no")
         return Entry(7, Stat(ino=99, mode=0o100644, size=3))
 
     async def readdir(self, ctx, nodeid, fh, offset):
         return [DirEntry(b"name%03d" % i, i + 10, 8, i + 1) for i in range(offset, 100)]
+
+    async def readdirplus(self, ctx, nodeid, fh, offset, fits):
+        self.looked_up = []
+        out = []
+        for d in await self.readdir(ctx, nodeid, fh, offset):
+            if not fits(d.name):
+                break
+            self.looked_up.append(d.name)
+            out.append((d, Entry(d.ino + 1000, Stat(ino=d.ino, mode=0o100644)) if d.ino % 2 else None))
+        return out
 
     async def getxattr(self, ctx, nodeid, name):
         return b"value"
@@ -164,6 +176,24 @@ async def test_lookup_entry_and_error():
         dev.send(abi.LOOKUP, b"b\0")
         _, err, body = await dev.reply()
         assert err == errno.ENOENT and body == b""
+        dev.send(abi.LOOKUP, b"negative\0")  # nodeid 0: the kernel keeps "no such name" for a while
+        _, err, body = await dev.reply()
+        fields = abi.entry_out.unpack(body)
+        assert err == 0 and fields[0] == 0 and (fields[2], fields[4]) == (2, 500_000_000)
+        nursery.cancel_scope.cancel()
+
+
+async def test_readdirplus_packs_only_what_fits():
+    """An entry looked up is a reference the kernel must receive: none beyond the buffer."""
+    async with trio.open_nursery() as nursery:
+        ops = Slow()
+        dev, _, _ = await serving(nursery, ops)
+        dev.send(abi.READDIRPLUS, abi.read_in.pack(1, 0, 500, 0, 0, 0, 0))
+        _, err, body = await dev.reply()
+        record = abi.entry_out.size + 32  # a dirent of a 7-byte name, padded
+        assert err == 0 and len(body) == 3 * record and ops.looked_up == [b"name000", b"name001", b"name002"]
+        nodeids = [abi.entry_out.unpack_from(body, i * record)[0] for i in range(3)]
+        assert nodeids == [0, 1011, 0]  # None: a zero entry
         nursery.cancel_scope.cancel()
 
 

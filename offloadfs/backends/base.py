@@ -84,6 +84,19 @@ class Stat:
     atime_ns: int = 0
     mtime_ns: int = 0
     ctime_ns: int = 0
+    change: int = 0  # NFS's change attribute (0 elsewhere): what the directory cache compares
+
+
+@dataclass(slots=True)
+class DirItem:
+    """One entry of a listing.  Where the server's listing carried them, ``stat`` (its
+    attributes) and ``node`` (what ``lookup`` would give: a node that needs no ``forget``)
+    spare a lookup per entry."""
+    name: bytes
+    ino: int
+    type: int  # DT_* value
+    stat: Stat | None = None
+    node: object = None
 
 
 @dataclass(slots=True)
@@ -96,13 +109,6 @@ class FsStat:
     bsize: int = 4096
     namelen: int = 255
     frsize: int = 4096
-
-
-@dataclass(slots=True)
-class DirItem:
-    name: bytes
-    ino: int
-    type: int  # DT_* value
 
 
 class Backend:

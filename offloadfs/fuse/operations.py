@@ -20,7 +20,8 @@ class Ctx:
 
 @dataclass(slots=True)
 class Entry:
-    """A name resolved to a node; each one handed to the kernel is a lookup it will forget."""
+    """A name resolved to a node; each one handed to the kernel is a lookup it will forget.
+    Nodeid 0 (and no attr) is a negative entry: the name does not exist, for entry_timeout."""
     nodeid: int
     attr: object  # anything with the fields of struct fuse_attr: see session.pack_attr
     entry_timeout: float = 1.0
@@ -111,6 +112,12 @@ class Operations:
     async def fsync(self, ctx, nodeid, fh, datasync) -> None: _nosys()
     async def opendir(self, ctx, nodeid, flags) -> Opened: _nosys()
     async def readdir(self, ctx, nodeid, fh, offset) -> list[DirEntry]: _nosys()
+
+    async def readdirplus(self, ctx, nodeid, fh, offset, fits) -> list[tuple[DirEntry, Entry | None]]:
+        """readdir with each entry's lookup (None: a zero entry), for as long as ``fits(name)``
+        says the entry still fits in the reply: one that does not fit must not be looked up."""
+        _nosys()
+
     async def releasedir(self, ctx, nodeid, fh) -> None: _nosys()
     async def fsyncdir(self, ctx, nodeid, fh, datasync) -> None: _nosys()
     async def statfs(self, ctx, nodeid) -> object: _nosys()  # fields of struct fuse_kstatfs

@@ -50,7 +50,8 @@ def _split_timeout(t):
 def pack_entry(e: Entry):
     es, ens = _split_timeout(e.entry_timeout)
     as_, ans = _split_timeout(e.attr_timeout)
-    return abi.entry_out.pack(e.nodeid, e.generation, es, as_, ens, ans, *pack_attr(e.attr))
+    attr = pack_attr(e.attr) if e.attr is not None else (0,) * 16
+    return abi.entry_out.pack(e.nodeid, e.generation, es, as_, ens, ans, *attr)
 
 
 def pack_dirent(name, ino, dtype, next_offset):
@@ -413,32 +414,39 @@ class Session:
         opened = await self.ops.opendir(ctx, nodeid, flags)
         return (abi.open_out.pack(opened.fh, 0, 0),)
 
-    async def _readdir(self, ctx, nodeid, body, plus=False):
+    @staticmethod
+    def _room(size, extra):
+        """fits(name): True, and the room is taken, while a record for ``name`` fits in ``size``."""
+        left = size
+
+        def fits(name):
+            nonlocal left
+            record = abi.dirent.size + len(name)
+            record += -record % 8 + extra
+            if record > left:
+                return False
+            left -= record
+            return True
+        return fits
+
+    async def _readdir(self, ctx, nodeid, body):
         fh, offset, size, _, _, _, _ = abi.read_in.unpack_from(body)
-        out, used = [], 0
+        fits = self._room(size, 0)
+        out = []
         for d in await self.ops.readdir(ctx, nodeid, fh, offset):
-            record = abi.dirent.size + len(d.name)
-            record += -record % 8 + (abi.entry_out.size if plus else 0)
-            if used + record > size:
+            if not fits(d.name):
                 break
-            if plus:
-                entry = None
-                if d.name not in (b".", b".."):
-                    try:
-                        entry = await self.ops.lookup(ctx, nodeid, d.name)
-                    except FileNotFoundError:
-                        pass  # vanished since listed: a zero entry tells the kernel nothing
-                if entry is None:
-                    out.append(bytes(abi.entry_out.size))
-                else:
-                    out.append(pack_entry(entry))
-                    d.ino = entry.attr.ino
             out.append(pack_dirent(d.name, d.ino, d.type, d.next_offset))
-            used += record
         return (b"".join(out),)
 
     async def _readdirplus(self, ctx, nodeid, body):
-        return await self._readdir(ctx, nodeid, body, plus=True)
+        """Only entries that fit are looked up: each lookup is a reference the kernel must get."""
+        fh, offset, size, _, _, _, _ = abi.read_in.unpack_from(body)
+        out = []
+        for d, entry in await self.ops.readdirplus(ctx, nodeid, fh, offset, self._room(size, abi.entry_out.size)):
+            out.append(bytes(abi.entry_out.size) if entry is None else pack_entry(entry))
+            out.append(pack_dirent(d.name, d.ino, d.type, d.next_offset))
+        return (b"".join(out),)
 
     async def _lseek(self, ctx, nodeid, body):
         fh, offset, whence, _ = abi.lseek_in.unpack_from(body)

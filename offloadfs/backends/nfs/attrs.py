@@ -11,8 +11,8 @@ import stat
 from ..base import NOW
 from .xdr import Packer, ProtocolError, Unpacker
 
-SUPPORTED_ATTRS, TYPE, SIZE, LEASE_TIME = 0, 1, 4, 10
-FILEID, FILES_AVAIL, FILES_FREE, FILES_TOTAL = 20, 21, 22, 23
+SUPPORTED_ATTRS, TYPE, CHANGE, SIZE, LEASE_TIME = 0, 1, 3, 4, 10
+FILEHANDLE, FILEID, FILES_AVAIL, FILES_FREE, FILES_TOTAL = 19, 20, 21, 22, 23
 MAXNAME, MAXREAD, MAXWRITE = 29, 30, 31
 MODE, NUMLINKS, OWNER, OWNER_GROUP, RAWDEV = 33, 35, 36, 37, 41
 SPACE_AVAIL, SPACE_FREE, SPACE_TOTAL, SPACE_USED = 42, 43, 44, 45
@@ -27,6 +27,7 @@ DTYPE = {NF4REG: 8, NF4DIR: 4, NF4BLK: 6, NF4CHR: 2, NF4LNK: 10, NF4SOCK: 12, NF
 SET_TO_SERVER_TIME4, SET_TO_CLIENT_TIME4 = 0, 1  # time_how4
 NOBODY = 65534
 MAX_OWNER = 1024
+FHSIZE = 128
 
 
 def bits(*attrs):
@@ -36,10 +37,10 @@ def bits(*attrs):
     return mask
 
 
-STAT = bits(TYPE, SIZE, FILEID, MODE, NUMLINKS, OWNER, OWNER_GROUP, RAWDEV, SPACE_USED,
+STAT = bits(TYPE, CHANGE, SIZE, FILEID, MODE, NUMLINKS, OWNER, OWNER_GROUP, RAWDEV, SPACE_USED,
             TIME_ACCESS, TIME_METADATA, TIME_MODIFY)
 STATFS = bits(FILES_AVAIL, FILES_FREE, FILES_TOTAL, MAXNAME, SPACE_AVAIL, SPACE_FREE, SPACE_TOTAL)
-DIRENT = bits(TYPE, FILEID)
+DIRENT = bits(TYPE, FILEID)  # and, where the server has them, STAT and FILEHANDLE: see NFSBackend.listdir
 
 
 def _time(u):
@@ -47,6 +48,13 @@ def _time(u):
     if nseconds >= 1_000_000_000:
         raise ProtocolError(f"nfstime4 with {nseconds} nanoseconds")
     return seconds * 1_000_000_000 + nseconds
+
+
+def filehandle(u):
+    fh = u.opaque(FHSIZE, "filehandle")
+    if not fh:
+        raise ProtocolError("empty filehandle")
+    return fh
 
 
 def _device(u):
@@ -61,8 +69,10 @@ def _device(u):
 _DECODE = {
     SUPPORTED_ATTRS: lambda u: u.bitmap(),
     TYPE: lambda u: u.enum(FORMAT, "file type"),
+    CHANGE: Unpacker.u64,
     SIZE: Unpacker.u64,
     LEASE_TIME: Unpacker.u32,
+    FILEHANDLE: filehandle,
     FILEID: Unpacker.u64,
     FILES_AVAIL: Unpacker.u64,
     FILES_FREE: Unpacker.u64,

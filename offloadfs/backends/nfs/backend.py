@@ -122,7 +122,7 @@ class NFSBackend(Backend):
                     rdev=os.makedev(*rawdev), size=v.get(attrs.SIZE, 0),
                     blocks=(v.get(attrs.SPACE_USED, 0) + 511) // 512, blksize=self.client.wsize,
                     atime_ns=v.get(attrs.TIME_ACCESS, 0), mtime_ns=v.get(attrs.TIME_MODIFY, 0),
-                    ctime_ns=v.get(attrs.TIME_METADATA, 0))
+                    ctime_ns=v.get(attrs.TIME_METADATA, 0), change=v.get(attrs.CHANGE, 0))
 
     def _node_stat(self, fh, values):
         st = self._stat(values)
@@ -485,16 +485,17 @@ class NFSBackend(Backend):
         items = []
         cookies = set()
         cookie, verifier = 0, bytes(8)
+        # Each entry's attributes and filehandle: what a lookup would give (the kernel's READDIRPLUS).
+        mask = (attrs.DIRENT | self.stat_attrs | attrs.bits(attrs.FILEHANDLE)) & self.supported
         for _ in range(LISTING_MAX_BYTES // READDIR_MAX):
             _, page = await self._call([ops.PutFH(node.fh), ops.ReadDir(cookie, verifier, READDIR_MAX // 4,
-                                                                        READDIR_MAX, attrs.DIRENT & self.supported)])
+                                                                        READDIR_MAX, mask)])
             for e in page.entries:
                 if e.cookie in cookies:
                     raise self._endless(f"READDIR repeats cookie {e.cookie}")
                 cookies.add(e.cookie)
                 if e.name not in (b".", b".."):
-                    items.append(DirItem(e.name, e.values.get(attrs.FILEID, 0),
-                                         attrs.DTYPE.get(e.values.get(attrs.TYPE), 0)))
+                    items.append(self._item(e))
             if page.eof:
                 return items
             if not page.entries:
@@ -503,6 +504,13 @@ class NFSBackend(Backend):
                 raise self._endless(f"READDIR gave more than {LISTING_MAX_ENTRIES} entries")
             cookie, verifier = page.entries[-1].cookie, page.verifier
         raise self._endless(f"READDIR gave more than {LISTING_MAX_BYTES >> 20} MiB")
+
+    def _item(self, e):
+        v = e.values
+        item = DirItem(e.name, v.get(attrs.FILEID, 0), attrs.DTYPE.get(v.get(attrs.TYPE), 0))
+        if attrs.FILEHANDLE in v and attrs.TYPE in v:
+            item.node, item.stat = self._node_stat(v[attrs.FILEHANDLE], v)
+        return item
 
     def _endless(self, what):
         log.warning("NFS server %s: %s; the listing fails", self.settings.host, what)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from . import attrs, errors
 from .xdr import Packer, ProtocolError, Unpacker
 
-FHSIZE = 128
+FHSIZE = attrs.FHSIZE
 OPAQUE_LIMIT = 1024
 NAME_LIMIT = 4096
 LINK_LIMIT = 4096
@@ -106,10 +106,7 @@ class GetFH(Op):
     num = OP_GETFH
 
     def decode(self, u):
-        fh = u.opaque(FHSIZE, "filehandle")
-        if not fh:
-            raise ProtocolError("empty filehandle")
-        return fh
+        return attrs.filehandle(u)
 
 
 @dataclass

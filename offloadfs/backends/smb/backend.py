@@ -435,6 +435,8 @@ class SMBBackend(Capabilities, Backend):
     async def open(self, node, flags):
         path = _path(node)
         truncate = flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY
+        if truncate:
+            self._listed.clear()  # a listing's size of the file is wrong from now on
         file, a = await self._open(node, path, _access(flags), m.OVERWRITE if truncate else m.OPEN,
                                    0 if node.is_dir else m.NON_DIRECTORY_FILE)
         if a.file_id != node.ino:
@@ -577,7 +579,8 @@ class SMBBackend(Capabilities, Backend):
                     raise status_error(status, what=path)
                 for name, a in pages.entries(wire.QueryResponse.buffer(body)):
                     if name not in (".", ".."):
-                        items.append(DirItem(name.encode("utf-8", "surrogatepass"), a.file_id, 4 if a.is_dir else 8))
+                        items.append(DirItem(name.encode("utf-8", "surrogatepass"), a.file_id, 4 if a.is_dir else 8,
+                                             self._stat(a)))
                         self._listed[f"{path}\\{name}" if path else name] = (a, expiry)
                 [(status, body)] = await self.client.call(
                     self.share, [m.query_directory(fid, info.FILE_ID_BOTH_DIRECTORY, 0, LIST_BUFFER)], generation)

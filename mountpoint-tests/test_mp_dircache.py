@@ -1,0 +1,160 @@
+"""The directory cache: what it saves, and that it never shows more than attr_timeout of the past.
+
+Requests are counted with `offloadfs status --json` (counters "listings" and
+"lookups_absent": what the filesystem asked its backend); changes made
+elsewhere are made on the server's own view of the directory.
+"""
+
+import errno
+import os
+import subprocess
+import time
+
+import pytest
+
+WHERE = ["local-ext4", "smb-ext4", "nfs-ganesha"]
+LONG = ["attr_timeout=30", "entry_timeout=30"]  # counting tests: nothing may expire while they run
+
+
+def _counter(mnt, name):
+    return mnt.status()["counters"][name]
+
+
+def _tree(root, dirs=3, files=5):
+    for d in range(dirs):
+        (root / f"d{d}").mkdir()
+        for f in range(files):
+            (root / f"d{d}" / f"f{f}").write_bytes(b"x" * (f + 1))
+
+
+def _find(path):
+    return sorted(subprocess.run(["find", path], check=True, capture_output=True, text=True,
+                                 timeout=60).stdout.split())
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_a_second_find_within_attr_timeout_lists_nothing_again(where, mount_on):
+    mnt = mount_on(where, LONG)
+    _tree(mnt.backing)
+    first = _find(mnt.path)
+    listed, looked_up = _counter(mnt, "listings"), _counter(mnt, "lookups")
+    assert listed >= 4
+    assert _find(mnt.path) == first
+    assert _counter(mnt, "listings") == listed
+    if not where.startswith("local"):  # local listings carry no attributes: a lookup is a system call
+        assert _counter(mnt, "lookups") == looked_up  # READDIRPLUS answered from the listing
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_creating_files_costs_no_failing_lookups(where, mount_on):
+    mnt = mount_on(where, LONG)
+    (mnt.path / "d").mkdir()
+    absent = _counter(mnt, "lookups_absent")
+    subprocess.run(["sh", "-c", 'for i in $(seq 20); do echo $i > "$1/f$i"; done', "sh", mnt.path / "d"],
+                   check=True, timeout=60)
+    assert _counter(mnt, "lookups_absent") == absent
+    assert sorted(os.listdir(mnt.backing / "d")) == sorted(f"f{i}" for i in range(1, 21))
+
+
+def _wait_for(what, timeout):
+    """what() once it holds, or its last value after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not (value := what()) and time.monotonic() < end:
+        time.sleep(0.1)
+    return value
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_another_clients_changes_show_within_attr_timeout(where, mount_on):
+    mnt = mount_on(where)  # attr_timeout=1
+    for name in ("gone", "old"):
+        (mnt.backing / name).write_bytes(b"x")
+    assert sorted(os.listdir(mnt.path)) == ["gone", "old"]
+    with pytest.raises(FileNotFoundError):
+        os.stat(mnt.path / "new")  # a negative answer the kernel and the daemon may keep
+    (mnt.backing / "new").write_bytes(b"n")
+    (mnt.backing / "gone").unlink()
+    (mnt.backing / "old").rename(mnt.backing / "renamed")
+    time.sleep(1.5)  # attr_timeout, with room for the server's own caches
+    assert sorted(os.listdir(mnt.path)) == ["new", "renamed"]
+    assert os.stat(mnt.path / "new").st_size == 1
+    for name in ("gone", "old"):
+        with pytest.raises(FileNotFoundError):
+            os.stat(mnt.path / name)
+    # A lookup alone, without a listing in between, sees the next one too.
+    (mnt.backing / "newer").write_bytes(b"nn")
+    assert _wait_for(lambda: os.path.exists(mnt.path / "newer"), 1.5)
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_our_own_changes_show_at_once(where, mount_on):
+    mnt = mount_on(where, LONG)
+    p = mnt.path
+    (p / "a").write_bytes(b"a")
+    (p / "b").write_bytes(b"b")
+    assert sorted(os.listdir(p)) == ["a", "b"]
+    (p / "c").write_bytes(b"c")
+    (p / "a").unlink()
+    (p / "b").rename(p / "b2")
+    (p / "dir").mkdir()
+    (p / "dir" / "inner").write_bytes(b"i")
+    assert sorted(os.listdir(p)) == ["b2", "c", "dir"]
+    assert os.listdir(p / "dir") == ["inner"]
+    (p / "dir" / "inner").rename(p / "moved")
+    (p / "dir").rmdir()
+    os.link(p / "c", p / "c2")
+    expected = ["b2", "c", "c2", "moved"]
+    assert sorted(os.listdir(p)) == sorted(expected)
+    assert (p / "b2").read_bytes() == b"b"
+    with pytest.raises(FileNotFoundError):
+        os.stat(p / "a")
+    with pytest.raises(OSError) as e:
+        os.stat(p / "dir")
+    assert e.value.errno == errno.ENOENT
+    assert sorted(os.listdir(mnt.backing)) == sorted(expected)
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_our_write_shows_in_the_next_listing_at_once(where, mount_on):
+    """The listing's attributes are older than the write: `ls -l` (READDIRPLUS) must not show them."""
+    mnt = mount_on(where, LONG)
+    (mnt.backing / "f").write_bytes(b"x")
+    assert _ls_sizes(mnt.path)["f"] == 1
+    (mnt.path / "f").write_bytes(b"y" * 1000)
+    assert _ls_sizes(mnt.path)["f"] == 1000
+    assert os.stat(mnt.path / "f").st_size == 1000
+
+
+def _ls_sizes(path):
+    out = subprocess.run(["ls", "-ln", path], check=True, capture_output=True, text=True, timeout=60).stdout
+    return {line.split()[-1]: int(line.split()[4]) for line in out.splitlines()[1:]}
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_listed_attributes_are_the_files(where, mount_on):
+    """`ls -l` takes its sizes and times from READDIRPLUS: they are the server's."""
+    mnt = mount_on(where)
+    for i in range(5):
+        f = mnt.backing / f"f{i}"
+        f.write_bytes(b"y" * (1000 * i + 7))
+        os.utime(f, ns=(1_600_000_000_123_456_700 + i, 1_500_000_000_987_654_300 + i * 10**9))
+    (mnt.backing / "sub").mkdir()
+    out = subprocess.run(["ls", "-ln", "--time-style=+%s", mnt.path], check=True, capture_output=True,
+                         text=True, timeout=60).stdout
+    listed = {line.split()[-1]: line.split() for line in out.splitlines()[1:]}
+    for i in range(5):
+        want = os.stat(mnt.backing / f"f{i}")
+        assert int(listed[f"f{i}"][4]) == want.st_size
+        assert int(listed[f"f{i}"][5]) == int(want.st_mtime)
+        got = os.stat(mnt.path / f"f{i}")
+        assert (got.st_size, mnt.stored_ns(got.st_mtime_ns)) == (want.st_size, mnt.stored_ns(want.st_mtime_ns))
+    assert listed["sub"][0].startswith("d")
+
+
+def test_an_nfs_listing_carries_what_readdirplus_needs(mount_on):
+    """READDIR asks for each entry's attributes and filehandle: `ls -l` then looks up nothing."""
+    mnt = mount_on("nfs-ganesha")
+    _tree(mnt.backing, dirs=2, files=10)
+    lookups = _counter(mnt, "lookups")
+    subprocess.run(["ls", "-lR", mnt.path], check=True, capture_output=True, timeout=60)
+    assert _counter(mnt, "lookups") == lookups
