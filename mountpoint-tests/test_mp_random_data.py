@@ -258,7 +258,6 @@ def resize(buf, size):
 
 CONFIGS = [
     ("local-ext4", ()), ("local-ext4", ("passthrough",)), ("local-ext4", ("writeback_cache",)),
-    ("local-btrfs", ()),
     ("smb-btrfs", ()), ("smb-btrfs", ("writeback_cache",)),
     ("nfs-ganesha", ()), ("nfs-ganesha", ("writeback_cache",)),
     ("nfsd", ()), ("nfsd", ("writeback_cache",)),
