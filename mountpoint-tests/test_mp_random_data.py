@@ -1,15 +1,16 @@
 """Random data operations on a few files held open, checked against bytearrays.
 
 test_mp_model opens and closes a file for every step; this test keeps three
-files open for the whole run and mixes what a database or a build tool does
-to them: writes of any size and alignment (also past the end), truncates,
-punched holes and zeroed ranges, copy_file_range inside a file and between
-two, reads and writes through MAP_SHARED mappings, preads, fstats and
-fsyncs. Every step is checked at once through the same descriptors (size,
-and the bytes around what it touched), every CHECK_EVERY steps each file
-whole; at the end each file is compared whole through a fresh open of the
-mount and through the backing view, so neither the kernel's page cache nor
-the daemon's caches can hide a wrong byte.
+files open for the whole run, each through two descriptors used at random,
+and mixes what a database or a build tool does to them: writes of any size
+and alignment (also past the end), truncates, punched holes and zeroed
+ranges, copy_file_range inside a file and between two, reads and writes
+through MAP_SHARED mappings, preads, fstats and fsyncs. Every step is
+checked at once through the open descriptors (size, and the bytes around
+what it touched), every CHECK_EVERY steps each file whole; at the end each
+file is compared whole through a fresh open of the mount and through the
+backing view, so neither the kernel's page cache nor the daemon's caches
+can hide a wrong byte.
 
 fallocate modes a backend refuses with EOPNOTSUPP (zero range on SMB and
 NFS) leave the model as it was, and the file must be unchanged too.
@@ -56,7 +57,9 @@ class Run:
         self.seed = seed
         self.rng = random.Random(seed)
         self.model = {name: bytearray() for name in NAMES}
-        self.fds = {name: os.open(root / name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644) for name in NAMES}
+        self.fds = {name: [os.open(root / name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)] for name in NAMES}
+        for name in NAMES:
+            self.fds[name].append(os.open(root / name, os.O_RDWR))
         self.history = collections.deque(maxlen=12)
         self.step = 0
         self.refused = collections.Counter()  # fallocate modes the backend refused
@@ -68,9 +71,14 @@ class Run:
         self.history.append(text)
 
     def close(self):
-        for fd in self.fds.values():
-            os.close(fd)
+        for fds in self.fds.values():
+            for fd in fds:
+                os.close(fd)
         self.fds.clear()
+
+    def fd(self, name):
+        """Either of the file's two descriptors (two FUSE handles, and two server opens)."""
+        return self.rng.choice(self.fds[name])
 
     # -- choosing offsets and lengths ---------------------------------------------
 
@@ -96,7 +104,7 @@ class Run:
 
     def check(self, name, lo, hi):
         """Size by fstat, and bytes lo..hi (plus a margin, past the end too) by pread."""
-        fd, model = self.fds[name], self.model[name]
+        fd, model = self.fd(name), self.model[name]
         assert os.fstat(fd).st_size == len(model), f"{name} size: {self.where()}"
         lo, hi = max(0, lo - MARGIN), hi + MARGIN
         got = os.pread(fd, hi - lo, lo)
@@ -114,7 +122,7 @@ class Run:
         off, data = self.offset(name), self.rng.randbytes(self.length())
         self.note(f"write({name}, {off}, {len(data)})")
         old = len(self.model[name])
-        assert os.pwrite(self.fds[name], data, off) == len(data), self.where()
+        assert os.pwrite(self.fd(name), data, off) == len(data), self.where()
         put(self.model[name], off, data)
         self.check(name, min(old, off), off + len(data))
 
@@ -122,7 +130,7 @@ class Run:
         size = self.rng.randrange(MAX_SIZE + 64 * 1024)
         self.note(f"truncate({name}, {size})")
         old = len(self.model[name])
-        os.ftruncate(self.fds[name], size)
+        os.ftruncate(self.fd(name), size)
         resize(self.model[name], size)
         self.check(name, min(old, size), max(old, size))
 
@@ -131,7 +139,7 @@ class Run:
         self.note(f"fallocate({name}, {mode:#x}, {off}, {n})")
         model = self.model[name]
         try:
-            fallocate(self.fds[name], mode, off, n)
+            fallocate(self.fd(name), mode, off, n)
         except OSError as e:
             if e.errno != errno.EOPNOTSUPP:
                 raise
@@ -161,7 +169,7 @@ class Run:
         done = 0
         while done < n:
             expect = bytes(self.model[src][off_in + done:off_in + n])
-            k = os.copy_file_range(self.fds[src], self.fds[name], n - done, off_in + done, off_out + done)
+            k = os.copy_file_range(self.fd(src), self.fd(name), n - done, off_in + done, off_out + done)
             assert k == len(expect), f"copied {k} of {len(expect)} after {done}: {self.where()}"
             if k == 0:
                 break
@@ -177,7 +185,7 @@ class Run:
             return None
         start = self.rng.randrange(0, size, mmap.PAGESIZE)
         length = self.rng.randrange(1, min(size - start, 32 * BLOCK) + 1)
-        return mmap.mmap(self.fds[name], length, mmap.MAP_SHARED, offset=start), start
+        return mmap.mmap(self.fd(name), length, mmap.MAP_SHARED, offset=start), start
 
     def op_mmap_read(self, name):
         if got := self.mapped(name, "mmap_read"):
@@ -205,22 +213,24 @@ class Run:
     def op_pread(self, name):
         off, n = self.offset(name), self.length()
         self.note(f"pread({name}, {off}, {n})")
-        assert os.pread(self.fds[name], n, off) == self.model[name][off:off + n], f"{name}: {self.where()}"
+        assert os.pread(self.fd(name), n, off) == self.model[name][off:off + n], f"{name}: {self.where()}"
 
     def op_fstat(self, name):
         self.note(f"fstat({name})")
-        assert os.fstat(self.fds[name]).st_size == len(self.model[name]), f"{name}: {self.where()}"
+        assert os.fstat(self.fd(name)).st_size == len(self.model[name]), f"{name}: {self.where()}"
 
     def op_fsync(self, name):
         self.note(f"fsync({name})")
-        (os.fsync if self.rng.random() < 0.5 else os.fdatasync)(self.fds[name])
+        (os.fsync if self.rng.random() < 0.5 else os.fdatasync)(self.fd(name))
 
     def op_reopen(self, name):
         """A new descriptor (new FUSE handle), sometimes with O_TRUNC."""
         trunc = self.rng.random() < 0.1
         self.note(f"reopen({name}, trunc={trunc})")
-        os.close(self.fds.pop(name))
-        self.fds[name] = os.open(self.root / name, os.O_RDWR | (os.O_TRUNC if trunc else 0))
+        fds = self.fds[name]
+        i = self.rng.randrange(len(fds))
+        os.close(fds[i])
+        fds[i] = os.open(self.root / name, os.O_RDWR | (os.O_TRUNC if trunc else 0))
         if trunc:
             self.model[name].clear()
         self.check_whole(name)
