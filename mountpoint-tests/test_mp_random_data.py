@@ -59,9 +59,7 @@ class Run:
         self.seed = seed
         self.rng = random.Random(seed)
         self.model = {name: bytearray() for name in NAMES}
-        self.fds = {name: [os.open(root / name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)] for name in NAMES}
-        for name in NAMES:
-            self.fds[name].append(os.open(root / name, os.O_RDWR))
+        self.fds = {name: [] for name in NAMES}
         self.history = collections.deque(maxlen=12)
         self.step = 0
         self.refused = collections.Counter()  # fallocate modes the backend refused
@@ -71,6 +69,12 @@ class Run:
 
     def note(self, text):
         self.history.append(text)
+
+    def open(self):
+        """Two descriptors for every file (made empty first); close() closes what was opened."""
+        for name in NAMES:
+            for flags in (os.O_CREAT | os.O_TRUNC, 0):
+                self.fds[name].append(os.open(self.root / name, os.O_RDWR | flags, 0o644))
 
     def close(self):
         for fds in self.fds.values():
@@ -284,6 +288,7 @@ def test_random_data(where, options, mount_on):
     mnt = mount_on(where, options)
     run = Run(mnt.path, seed)
     try:
+        run.open()
         while run.step < steps:
             run.one()
         for name in NAMES:
