@@ -115,6 +115,7 @@ class Filesystem(Operations):
         self.roots = {}  # source index -> its pinned root inode
         self.passthrough = False
         self.writeback = False
+        self.kernel = None
 
     async def start(self):
         """Open every source's root; runs before the mount so that bad sources fail the mount."""
@@ -141,6 +142,7 @@ class Filesystem(Operations):
     def init(self, conn):
         self.passthrough = conn.passthrough
         self.writeback = conn.writeback_cache
+        self.kernel = conn.kernel
 
     def _inode(self, nodeid):
         try:
@@ -468,9 +470,10 @@ class Filesystem(Operations):
         return Opened(fh, backing_fd=backing, keep_cache=keep_cache)
 
     async def open(self, ctx, nodeid, flags, kill_suidgid):
-        """Close-to-open: the file's attributes come from the server, and the kernel keeps the
-        pages it cached only if the file is as it last saw it."""
+        """Close-to-open: the name still leads to the file, its attributes come from the server,
+        and the kernel keeps the pages it cached only if the file is as it last saw it."""
         inode = self._dir(nodeid)
+        await self._check_name(inode)
         backend = inode.source.backend
         file = await backend.open(inode.node, self._open_flags(flags))
         try:
@@ -480,12 +483,54 @@ class Filesystem(Operations):
                     await self._kill_suidgid(inode, file)
                 keep = False
             else:
-                keep = self.cache.reopened(self._where(inode), inode, await backend.getattr(inode.node, file))
+                before, st = inode.stat, await backend.getattr(inode.node, file)
+                keep = self.cache.reopened(self._where(inode), inode, st)
+                if keep and st != before and self.kernel is not None:
+                    # The data is as the kernel saw it, but not the rest (a link made elsewhere: Samba
+                    # keeps the ctime): its pages stay, its attributes go.
+                    self.kernel.notify_inval_inode(inode.nodeid, -1, 0)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await backend.release(file)
             raise
         return self._opened(inode, file, keep)
+
+    async def _check_name(self, inode):
+        """Every name the kernel holds for ``inode`` must still lead to it at the server.
+
+        Another client may have removed or replaced a name while the kernel
+        still holds it (for up to entry_timeout): opening the old file would
+        read stale data, or write where nobody will look again.  The open may
+        have come by any of the file's names, so all are asked; a stale one is
+        dropped here and in the kernel, and ESTALE makes the kernel walk the
+        path once more, looking every name up afresh (the Linux NFS client
+        revalidates a name on open too).  Names we removed ourselves are not
+        held, so a reopen through /proc of an unlinked file still works.
+        """
+        stale = []
+        for dir_nodeid, name in list(inode.names):
+            dir = self.inodes.get(dir_nodeid)
+            if dir is not None and dir.source is not None and not await self._leads_to(dir, name, inode):
+                stale.append((dir, name))
+        for dir, name in stale:
+            self._unname(dir, name)
+            self.dircache.drop(dir)
+            if self.kernel is not None:
+                # In a thread: the kernel takes the directory's lock, which a request we are yet
+                # to answer may hold.
+                await trio.to_thread.run_sync(self.kernel.notify_inval_entry, dir.nodeid, name)
+        if stale:
+            raise OSError(errno.ESTALE, "a name of the file now leads elsewhere")
+
+    async def _leads_to(self, dir, name, inode):
+        backend = dir.source.backend
+        try:
+            node, st = await backend.lookup(dir.node, name)
+        except FileNotFoundError:
+            return False
+        if node is not inode.node:
+            backend.forget(node)
+        return backend.identity(node, st) == inode.key[1]
 
     async def create(self, ctx, parent, name, mode, flags):
         self._writable()

@@ -70,6 +70,7 @@ class ConnInfo:
     minor: int
     writeback_cache: bool
     passthrough: bool
+    kernel: object = None  # the session: its notify_inval_* drop what the kernel caches
 
 
 def _nosys(*_args, **_kwargs):

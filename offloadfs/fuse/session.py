@@ -212,7 +212,8 @@ class Session:
         granted = want & flags
         passthrough = bool(granted & abi.PASSTHROUGH)
         self.conn = ConnInfo(minor=min(minor, abi.KERNEL_MINOR_VERSION),
-                             writeback_cache=bool(granted & abi.WRITEBACK_CACHE), passthrough=passthrough)
+                             writeback_cache=bool(granted & abi.WRITEBACK_CACHE), passthrough=passthrough,
+                             kernel=self)
         out = abi.init_out.pack(
             abi.KERNEL_VERSION, self.conn.minor, max_readahead, granted & 0xFFFFFFFF,
             MAX_BACKGROUND, MAX_BACKGROUND * 3 // 4, MAX_WRITE, 1, MAX_PAGES, 0,

@@ -59,16 +59,18 @@ class Node:
     ``paths``: every name it is known by, the last seen last (a dict for its
     order); ``path`` the one in use (None once all were removed through us).  ``files``: its open handles, which
     its attributes come from (an unlinked file has no path) and times must be set through (see setattr).
+    ``born``: its creation time, which with the file id tells it from a later file given the same id.
     ``changed_ns``: when we last changed its links or attributes; Samba reports the mtime as the change time,
     so that is the least ctime we report.
     """
-    __slots__ = ("path", "paths", "ino", "is_dir", "files", "changed_ns")
+    __slots__ = ("path", "paths", "ino", "is_dir", "born", "files", "changed_ns")
 
-    def __init__(self, path, ino, is_dir):
+    def __init__(self, path, ino, is_dir, born):
         self.path = path
         self.paths = {path: None}
         self.ino = ino
         self.is_dir = is_dir
+        self.born = born
         self.files = []
         self.changed_ns = 0
 
@@ -79,20 +81,18 @@ class Node:
 class File:
     """An open handle; after a reconnect, reconnected if durable, else reopened by path if that is still the file.
 
-    ``born``: the file's creation time, which with the node's file id tells it from a file that replaced it;
     ``create_guid``: names the durable handle the server granted (None: not durable); ``lost``: why it could
     not be reopened, after which every use fails.
     """
-    __slots__ = ("backend", "node", "access", "file_id", "generation", "born", "create_guid", "lost", "sparse",
+    __slots__ = ("backend", "node", "access", "file_id", "generation", "create_guid", "lost", "sparse",
                  "resume_key", "key_generation")
 
-    def __init__(self, backend, node, access, file_id, generation, born):
+    def __init__(self, backend, node, access, file_id, generation):
         self.backend = backend
         self.node = node
         self.access = access
         self.file_id = file_id
         self.generation = generation
-        self.born = born
         self.create_guid = None
         self.lost = None
         self.sparse = False
@@ -169,7 +169,7 @@ class SMBBackend(Capabilities, Backend):
         except OSError as e:
             file.lost = f"{path or 'a removed file'}: lost in a reconnect and cannot be reopened: {e.strerror}"
             raise OSError(errno.EIO, file.lost) from None
-        if (a.file_id, a.btime_ns) != (file.node.ino, file.born):
+        if not _same(file.node, a):
             await self.release(new)
             file.lost = f"{path}: lost in a reconnect; the name now belongs to another file"
             raise OSError(errno.EIO, file.lost)
@@ -195,12 +195,12 @@ class SMBBackend(Capabilities, Backend):
 
     def _node(self, path, a: info.Attributes):
         """The node of file ``a``, now going by ``path``, the name it was just found under."""
-        old = self.nodes.get(path)
-        if old is not None and old.ino != a.file_id:
-            self._unname(old, path)  # the path now names another file
         node = self.by_id.get(a.file_id)
-        if node is None:
-            node = self.by_id[a.file_id] = Node(path, a.file_id, a.is_dir)
+        if node is None or node.born != a.btime_ns:  # Samba's file ids are inode numbers, which xfs reuses
+            node = self.by_id[a.file_id] = Node(path, a.file_id, a.is_dir, a.btime_ns)
+        old = self.nodes.get(path)
+        if old is not None and old is not node:
+            self._unname(old, path)  # the path now names another file
         node.path = path
         node.paths.pop(path, None)
         node.paths[path] = None
@@ -285,7 +285,7 @@ class SMBBackend(Capabilities, Backend):
         return a if trio.current_time() < expiry else None
 
     def identity(self, node, st):
-        return node.ino  # the server's file id
+        return node.ino, node.born  # the server's file id, and when the file was made: ids are reused
 
     def forget(self, node):
         for p in node.paths:
@@ -300,7 +300,7 @@ class SMBBackend(Capabilities, Backend):
         if file is not None:
             return self._stat(await self._file_attributes(file))
         a = self._from_listing(_path(node)) or await self._stat_path(node.path)
-        if a.file_id != node.ino:
+        if not _same(node, a):
             raise OSError(errno.ESTALE, f"{node.path}: replaced by another file")
         return self._stat(a)
 
@@ -439,7 +439,7 @@ class SMBBackend(Capabilities, Backend):
             self._listed.clear()  # a listing's size of the file is wrong from now on
         file, a = await self._open(node, path, _access(flags), m.OVERWRITE if truncate else m.OPEN,
                                    0 if node.is_dir else m.NON_DIRECTORY_FILE)
-        if a.file_id != node.ino:
+        if not _same(node, a):
             await self.release(file)
             raise OSError(errno.ESTALE, f"{path}: replaced by another file")
         node.files.append(file)
@@ -483,7 +483,7 @@ class SMBBackend(Capabilities, Backend):
             if status != errors.SUCCESS:
                 raise status_error(status, body, path)
             created = wire.CreateResponse.unpack(body)
-            file = File(self, node, access, created.file_id, self.client.generation, 0)
+            file = File(self, node, access, created.file_id, self.client.generation)
             listener = self.client.oplocks
             if created.oplock_level != m.NO_OPLOCK and listener.generation == file.generation:
                 listener.hold(file.file_id, self.share)
@@ -496,7 +496,6 @@ class SMBBackend(Capabilities, Backend):
             except (OSError, wire.WireError):
                 await self.release(file)
                 raise
-        file.born = a.btime_ns
         return file, a
 
     async def read(self, file, offset, size):
@@ -705,6 +704,11 @@ class _Pages:
     def _refuse(self, why):
         log.warning("%s: %s; giving up", self.what, why)
         return OSError(errno.EIO, f"{self.what}: {why}")
+
+
+def _same(node, a: info.Attributes):
+    """``a`` is of ``node``'s file, not of one that got its file id later."""
+    return (a.file_id, a.btime_ns) == (node.ino, node.born)
 
 
 def _path(node):
