@@ -85,6 +85,47 @@ def test_passthrough_bypasses_daemon(passthrough, backing, mount):
     assert sha256(src / "rand") == digest == sha256(mnt.path / "rand")
 
 
+def test_passthrough_second_open_of_an_open_file(backing, mount):
+    """The kernel fixes an inode's backing file while any handle has it open: every open of the
+    file, whatever its access mode, must get the same one, and all see the same bytes."""
+    src = backing()
+    mnt = mount(src, ["passthrough"])
+    path, before = mnt.path / "f", mnt.counters()
+    first = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(first, b"a" * 100, 0)
+        reader = os.open(path, os.O_RDONLY)
+        try:
+            assert os.pread(reader, 200, 0) == b"a" * 100
+            second = os.open(path, os.O_RDWR)
+            try:
+                os.pwrite(second, b"b" * 50, 80)
+                os.pwrite(first, b"c" * 10, 0)
+                want = b"c" * 10 + b"a" * 70 + b"b" * 50
+                for fd in (first, reader, second):
+                    assert os.pread(fd, 200, 0) == want
+                assert (src / "f").read_bytes() == want
+            finally:
+                os.close(second)
+        finally:
+            os.close(reader)
+    finally:
+        os.close(first)
+    for _ in range(2):  # open, close, open: the last release let go of the backing file
+        reader = os.open(path, os.O_RDONLY)
+        writer = os.open(path, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(writer, b"d")
+            assert os.pread(reader, 200, 0) == (src / "f").read_bytes()
+        finally:
+            os.close(writer)
+            os.close(reader)
+    assert (src / "f").read_bytes() == want + b"dd"
+    after = mnt.counters()
+    assert after["fuse_read_bytes"] == before["fuse_read_bytes"]  # all of it passed through
+    assert after["fuse_write_bytes"] == before["fuse_write_bytes"]
+
+
 def test_writeback_cache_random_writes(backing, mount):
     src = backing()
     mnt = mount(src, ["writeback_cache"])

@@ -8,7 +8,8 @@ import pytest
 import trio
 
 from offloadfs.fuse import abi
-from offloadfs.fuse.operations import DirEntry, Entry, Operations
+from offloadfs.fuse import session as session_module
+from offloadfs.fuse.operations import DirEntry, Entry, Opened, Operations
 from offloadfs.fuse.session import MAX_COPY_32, MAX_WRITE, ProtocolError, Session
 from offloadfs.backends.base import Stat
 
@@ -255,4 +256,57 @@ async def test_notifications_carry_their_code_and_no_unique():
         unique, err, body = await dev.reply()
         assert (unique, -err) == (0, abi.NOTIFY_INVAL_ENTRY)
         assert body == abi.notify_inval_entry_out.pack(1, 4, 0) + b"name\0"
+        nursery.cancel_scope.cancel()
+
+
+class Backed(Operations):
+    """Every open hands over a backing fd of its own, as the local backend does."""
+
+    def __init__(self):
+        self.fhs = iter(range(1, 100))
+
+    async def open(self, ctx, nodeid, flags, kill_suidgid):
+        return Opened(next(self.fhs), backing_fd=100 + nodeid, keep_cache=True)
+
+    async def release(self, ctx, nodeid, fh):
+        pass
+
+
+async def test_passthrough_handles_of_a_node_share_one_backing_id(monkeypatch):
+    """The kernel fails an open whose backing file differs from the one the inode's open handles
+    use; /dev/fuse shows no backing ids, so the ioctls are recorded here instead."""
+    ioctls = []
+
+    def ioctl(fd, request, arg, mutate):
+        ioctls.append((request, bytes(arg)))
+        return len(ioctls)  # the backing id
+
+    monkeypatch.setattr(session_module.fcntl, "ioctl", ioctl)
+    async with trio.open_nursery() as nursery:
+        dev, session, _ = await serving(nursery, Backed(), passthrough=True)
+
+        async def request(opcode, body, nodeid):
+            dev.send(opcode, body, nodeid)
+            _, err, out = await dev.reply()
+            assert err == 0
+            return out
+
+        async def open_(nodeid):
+            fh, flags, backing_id = abi.open_out.unpack(await request(abi.OPEN, abi.open_in.pack(0, 0), nodeid))
+            assert flags == abi.FOPEN_PASSTHROUGH
+            return fh, backing_id
+
+        async def release(nodeid, fh):
+            await request(abi.RELEASE, abi.release_in.pack(fh, 0, 0, 0), nodeid)
+
+        (a, first), (b, second), (c, other) = await open_(5), await open_(5), await open_(6)
+        assert first == second != other
+        assert [r for r, _ in ioctls] == [abi.DEV_IOC_BACKING_OPEN] * 2
+        await release(5, a)
+        assert len(ioctls) == 2  # b still uses it
+        await release(5, b)
+        assert ioctls[-1] == (abi.DEV_IOC_BACKING_CLOSE, first.to_bytes(4, "little"))
+        (d, again), _ = await open_(5), await release(6, c)
+        assert again not in (first, other)  # a fresh id: the last release gave the old one back
+        assert ioctls[-1] == (abi.DEV_IOC_BACKING_CLOSE, other.to_bytes(4, "little"))
         nursery.cancel_scope.cancel()

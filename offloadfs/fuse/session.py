@@ -10,6 +10,7 @@ import fcntl
 import logging
 import os
 import stat
+from dataclasses import dataclass
 
 import trio
 
@@ -60,6 +61,13 @@ def pack_dirent(name, ino, dtype, next_offset):
     return abi.dirent.pack(ino, next_offset, len(name), dtype) + name + b"\0" * pad
 
 
+@dataclass(slots=True)
+class _Backing:
+    """A passthrough backing id registered with the kernel, and how many open handles use it."""
+    id: int
+    handles: int = 0
+
+
 class Session:
     """One FUSE connection: the device fd, negotiated settings, requests in flight."""
 
@@ -71,7 +79,8 @@ class Session:
         self.debug = debug
         self.conn = None
         self._inflight = {}  # unique -> CancelScope
-        self._backing = {}  # fh -> passthrough backing id
+        self._backing = {}  # nodeid -> its _Backing while handles use it
+        self._backing_of = {}  # fh -> nodeid, for handles opened in passthrough
         self._nursery = None
         os.set_blocking(fd, False)
 
@@ -224,20 +233,36 @@ class Session:
 
     # -- passthrough ------------------------------------------------------
 
-    def _open_out(self, opened):
+    def _open_out(self, nodeid, opened):
+        """The kernel binds an inode to one backing file while any handle has it open, and fails
+        (EIO) an open that brings another one, or that is not passthrough at all: so every
+        passthrough handle of a nodeid shares the backing id of the first.  The kernel opens a
+        backing file of its own for each handle, with that handle's flags, from that id's path,
+        so the first handle's access mode does not limit later ones."""
         if opened.backing_fd is None or not self.conn.passthrough:
             return abi.open_out.pack(opened.fh, abi.FOPEN_KEEP_CACHE if opened.keep_cache else 0, 0)
-        arg = bytearray(abi.backing_map.pack(opened.backing_fd, 0, 0))
-        backing_id = fcntl.ioctl(self.fd, abi.DEV_IOC_BACKING_OPEN, arg, True)
-        self._backing[opened.fh] = backing_id
+        backing = self._backing.get(nodeid)
+        if backing is None:
+            arg = bytearray(abi.backing_map.pack(opened.backing_fd, 0, 0))
+            backing_id = fcntl.ioctl(self.fd, abi.DEV_IOC_BACKING_OPEN, arg, True)
+            backing = self._backing[nodeid] = _Backing(backing_id)
+        backing.handles += 1
+        self._backing_of[opened.fh] = nodeid
         # No page-cache flag: the kernel fails a passthrough open that has one (EIO); the pages
         # are the backing file's.
-        return abi.open_out.pack(opened.fh, abi.FOPEN_PASSTHROUGH, backing_id)
+        return abi.open_out.pack(opened.fh, abi.FOPEN_PASSTHROUGH, backing.id)
 
     def _close_backing(self, fh):
-        backing_id = self._backing.pop(fh, None)
-        if backing_id is not None:
-            fcntl.ioctl(self.fd, abi.DEV_IOC_BACKING_CLOSE, bytearray(backing_id.to_bytes(4, "little")), True)
+        """The last handle using a backing id gives the id back; files the kernel opened from it keep
+        their own references."""
+        nodeid = self._backing_of.pop(fh, None)
+        if nodeid is None:
+            return
+        backing = self._backing[nodeid]
+        backing.handles -= 1
+        if not backing.handles:
+            del self._backing[nodeid]
+            fcntl.ioctl(self.fd, abi.DEV_IOC_BACKING_CLOSE, bytearray(backing.id.to_bytes(4, "little")), True)
 
     # -- handlers: (self, ctx, nodeid, body) -> tuple of reply buffers ------
 
@@ -327,13 +352,13 @@ class Session:
             # reads stop at the old size.  A negative offset drops attributes only and takes no
             # page lock, so this cannot wait on a READ we have yet to answer.
             self.notify_inval_inode(nodeid, -1, 0)
-        return (self._open_out(opened),)
+        return (self._open_out(nodeid, opened),)
 
     async def _create(self, ctx, nodeid, body):
         flags, mode, _, _ = abi.create_in.unpack_from(body)
         name, _ = _name(body, abi.create_in.size)
         entry, opened = await self.ops.create(ctx, nodeid, name, mode, flags)
-        return (pack_entry(entry), self._open_out(opened))
+        return (pack_entry(entry), self._open_out(entry.nodeid, opened))
 
     async def _read(self, ctx, nodeid, body):
         fh, offset, size, _, _, _, _ = abi.read_in.unpack_from(body)
