@@ -59,18 +59,16 @@ class Node:
     ``paths``: every name it is known by, the last seen last (a dict for its
     order); ``path`` the one in use (None once all were removed through us).  ``files``: its open handles, which
     its attributes come from (an unlinked file has no path) and times must be set through (see setattr).
-    ``born``: its creation time, which with the file id tells it from a later file given the same id.
     ``changed_ns``: when we last changed its links or attributes; Samba reports the mtime as the change time,
     so that is the least ctime we report.
     """
-    __slots__ = ("path", "paths", "ino", "is_dir", "born", "files", "changed_ns")
+    __slots__ = ("path", "paths", "ino", "is_dir", "files", "changed_ns")
 
-    def __init__(self, path, ino, is_dir, born):
+    def __init__(self, path, ino, is_dir):
         self.path = path
         self.paths = {path: None}
         self.ino = ino
         self.is_dir = is_dir
-        self.born = born
         self.files = []
         self.changed_ns = 0
 
@@ -81,18 +79,20 @@ class Node:
 class File:
     """An open handle; after a reconnect, reconnected if durable, else reopened by path if that is still the file.
 
+    ``born``: the file's creation time, which with the node's file id tells it from a file that replaced it;
     ``create_guid``: names the durable handle the server granted (None: not durable); ``lost``: why it could
     not be reopened, after which every use fails.
     """
-    __slots__ = ("backend", "node", "access", "file_id", "generation", "create_guid", "lost", "sparse",
+    __slots__ = ("backend", "node", "access", "file_id", "generation", "born", "create_guid", "lost", "sparse",
                  "resume_key", "key_generation")
 
-    def __init__(self, backend, node, access, file_id, generation):
+    def __init__(self, backend, node, access, file_id, generation, born):
         self.backend = backend
         self.node = node
         self.access = access
         self.file_id = file_id
         self.generation = generation
+        self.born = born
         self.create_guid = None
         self.lost = None
         self.sparse = False
@@ -156,23 +156,26 @@ class SMBBackend(Capabilities, Backend):
         path = file.node.path
         options = 0 if file.node.is_dir else m.NON_DIRECTORY_FILE
         try:
-            try:
-                new, a = await self._open(file.node, _path(file.node), file.access, m.OPEN, options, file)
-            except ConnectionLost:
-                raise
-            except OSError:
-                if file.create_guid is None:
+            new = None
+            if file.create_guid is not None:
+                try:
+                    new, a = await self._open(file.node, _path(file.node), file.access, m.OPEN, options, file)
+                except ConnectionLost:
                     raise
+                except OSError:
+                    pass  # no longer durable: open the name again
+            if new is None:
                 new, a = await self._open(file.node, _path(file.node), file.access, m.OPEN, options)
+                # Checked only here: the server vouches for a durable handle it reconnects.
+                if (a.file_id, a.btime_ns) != (file.node.ino, file.born):
+                    await self.release(new)
+                    file.lost = f"{path}: lost in a reconnect; the name now belongs to another file"
+                    raise OSError(errno.EIO, file.lost)
         except ConnectionLost:
             raise
         except OSError as e:
-            file.lost = f"{path or 'a removed file'}: lost in a reconnect and cannot be reopened: {e.strerror}"
+            file.lost = file.lost or f"{path or 'a removed file'}: lost in a reconnect and cannot be reopened: {e.strerror}"
             raise OSError(errno.EIO, file.lost) from None
-        if not _same(file.node, a):
-            await self.release(new)
-            file.lost = f"{path}: lost in a reconnect; the name now belongs to another file"
-            raise OSError(errno.EIO, file.lost)
         file.file_id, file.create_guid = new.file_id, new.create_guid
         file.generation = generation
 
@@ -196,8 +199,8 @@ class SMBBackend(Capabilities, Backend):
     def _node(self, path, a: info.Attributes):
         """The node of file ``a``, now going by ``path``, the name it was just found under."""
         node = self.by_id.get(a.file_id)
-        if node is None or node.born != a.btime_ns:  # Samba's file ids are inode numbers, which xfs reuses
-            node = self.by_id[a.file_id] = Node(path, a.file_id, a.is_dir, a.btime_ns)
+        if node is None or node.is_dir != a.is_dir:  # Samba's file ids are inode numbers, which xfs reuses
+            node = self.by_id[a.file_id] = Node(path, a.file_id, a.is_dir)
         old = self.nodes.get(path)
         if old is not None and old is not node:
             self._unname(old, path)  # the path now names another file
@@ -269,8 +272,29 @@ class SMBBackend(Capabilities, Backend):
 
     async def lookup(self, dir, name):
         path = _child(dir, name)
-        a = self._from_listing(path) or await self._stat_path(path)
+        try:
+            a = await self._attributes(path)
+        except FileNotFoundError:
+            self._removed(path)  # by another client: what it named goes on by its other names
+            raise
         return self._node(path, a), self._stat(a)
+
+    async def _by_name(self, node, act):
+        """``act(path)`` by the name of ``node`` seen last; a name that another client removed is
+        forgotten and the one seen before it tried (SMB opens by name, and the kernel may come by
+        another link of the file than the one we saw last)."""
+        while True:
+            path = _path(node)
+            try:
+                return await act(path)
+            except FileNotFoundError:
+                self._removed(path)
+                self._unname(node, path)  # also where the path was taken since by another node
+                if node.path is None:
+                    raise
+
+    async def _attributes(self, path):
+        return self._from_listing(path) or await self._stat_path(path)
 
     def _from_listing(self, path):
         """The attributes of ``path`` from a listing of the last second, used once, or None.
@@ -285,7 +309,7 @@ class SMBBackend(Capabilities, Backend):
         return a if trio.current_time() < expiry else None
 
     def identity(self, node, st):
-        return node.ino, node.born  # the server's file id, and when the file was made: ids are reused
+        return node.ino, node.is_dir  # the server's file id, which a file of the other type may get next
 
     def forget(self, node):
         for p in node.paths:
@@ -299,7 +323,7 @@ class SMBBackend(Capabilities, Backend):
         file = file or next(iter(node.files), None)
         if file is not None:
             return self._stat(await self._file_attributes(file))
-        a = self._from_listing(_path(node)) or await self._stat_path(node.path)
+        a = await self._by_name(node, self._attributes)
         if not _same(node, a):
             raise OSError(errno.ESTALE, f"{node.path}: replaced by another file")
         return self._stat(a)
@@ -433,15 +457,14 @@ class SMBBackend(Capabilities, Backend):
     # -- files ----------------------------------------------------------------------
 
     async def open(self, node, flags):
-        path = _path(node)
         truncate = flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY
         if truncate:
             self._listed.clear()  # a listing's size of the file is wrong from now on
-        file, a = await self._open(node, path, _access(flags), m.OVERWRITE if truncate else m.OPEN,
-                                   0 if node.is_dir else m.NON_DIRECTORY_FILE)
+        file, a = await self._by_name(node, lambda path: self._open(
+            node, path, _access(flags), m.OVERWRITE if truncate else m.OPEN, 0 if node.is_dir else m.NON_DIRECTORY_FILE))
         if not _same(node, a):
             await self.release(file)
-            raise OSError(errno.ESTALE, f"{path}: replaced by another file")
+            raise OSError(errno.ESTALE, f"{node.path}: replaced by another file")
         node.files.append(file)
         return file
 
@@ -483,7 +506,7 @@ class SMBBackend(Capabilities, Backend):
             if status != errors.SUCCESS:
                 raise status_error(status, body, path)
             created = wire.CreateResponse.unpack(body)
-            file = File(self, node, access, created.file_id, self.client.generation)
+            file = File(self, node, access, created.file_id, self.client.generation, 0)
             listener = self.client.oplocks
             if created.oplock_level != m.NO_OPLOCK and listener.generation == file.generation:
                 listener.hold(file.file_id, self.share)
@@ -496,6 +519,7 @@ class SMBBackend(Capabilities, Backend):
             except (OSError, wire.WireError):
                 await self.release(file)
                 raise
+        file.born = a.btime_ns
         return file, a
 
     async def read(self, file, offset, size):
@@ -707,8 +731,8 @@ class _Pages:
 
 
 def _same(node, a: info.Attributes):
-    """``a`` is of ``node``'s file, not of one that got its file id later."""
-    return (a.file_id, a.btime_ns) == (node.ino, node.born)
+    """``a`` is of ``node``'s file, as far as SMB tells: the same file id and type."""
+    return (a.file_id, a.is_dir) == (node.ino, node.is_dir)
 
 
 def _path(node):

@@ -48,7 +48,7 @@ class Attributes:
     atime_ns: int
     mtime_ns: int
     ctime_ns: int
-    btime_ns: int  # creation: with the file id, tells this file from a later one that got the same id
+    btime_ns: int  # creation; made up (and moving) for files Samba did not create, so checked only on reopen
 
     @property
     def is_dir(self):
