@@ -116,6 +116,7 @@ class Filesystem(Operations):
         self.passthrough = False
         self.writeback = False
         self.kernel = None
+        self._dropping = set()  # trio.Events of kernel names being dropped (see _drop_other_names)
 
     async def start(self):
         """Open every source's root; runs before the mount so that bad sources fail the mount."""
@@ -220,6 +221,8 @@ class Filesystem(Operations):
             self.by_key[key] = inode
         elif node is not inode.node:
             source.backend.forget(node)  # the same file again: keep the node we have
+        if stat.S_ISDIR(st.mode) or st.nlink == 1:
+            self._drop_other_names(inode, (parent.nodeid, name))
         self._cache(inode, st, since)  # refuses a known file whose type changed: nothing is handed out
         inode.lookups += 1
         self._name(parent, name, inode)
@@ -235,6 +238,31 @@ class Filesystem(Operations):
                 old.names.discard(key)
             self.dentries[key] = inode
             inode.names.add(key)
+
+    def _drop_other_names(self, inode, key):
+        """A file of one link (or a directory) found by ``key`` has no other name: any other the
+        kernel holds was removed or replaced by another client, and its file number may have gone
+        to this file (xfs reuses them at once).  Left there, the kernel would take two files for one,
+        and a rename of one over the other would do nothing.  The kernel drops them once this
+        request is answered (it holds the directory's lock until then)."""
+        for other in [k for k in inode.names if k != key]:
+            dir = self.inodes.get(other[0])
+            if dir is not None:
+                self._unname(dir, other[1])
+                self.dircache.drop(dir)
+            if self.kernel is not None:
+                done = trio.Event()
+                self._dropping.add(done)
+                trio.lowlevel.spawn_system_task(self._inval_entry, other, done)
+
+    async def _inval_entry(self, key, done):
+        try:
+            await trio.to_thread.run_sync(self.kernel.notify_inval_entry, *key)
+        except OSError as e:
+            log.warning("dropping a name from the kernel's cache failed: %s", e)
+        finally:
+            self._dropping.discard(done)
+            done.set()
 
     def _unname(self, parent, name):
         """``name`` left ``parent``: the file it named changed (link count, ctime); returns that file."""
@@ -507,30 +535,53 @@ class Filesystem(Operations):
         revalidates a name on open too).  Names we removed ourselves are not
         held, so a reopen through /proc of an unlinked file still works.
         """
+        for done in list(self._dropping):
+            await done.wait()  # until then, the kernel may have come by a name we no longer hold
+        stale = await self._stale_names(inode)
+        if not stale:
+            return
+        await self._drop_names(stale)
+        # The kernel's second walk may end at the file a stale name leads to now: that file's own
+        # stale names go too, or its open would be refused as well (the kernel walks twice at most).
+        for key in {key for _, _, key in stale if key is not None}:
+            now = self.by_key.get(key)
+            if now is not None and now is not inode:
+                await self._drop_names(await self._stale_names(now))
+        raise OSError(errno.ESTALE, "a name of the file now leads elsewhere")
+
+    async def _stale_names(self, inode):
+        """(directory, name, key of the file it leads to now or None) for each name the kernel
+        holds for ``inode`` that no longer leads to it."""
         stale = []
         for dir_nodeid, name in list(inode.names):
             dir = self.inodes.get(dir_nodeid)
-            if dir is not None and dir.source is not None and not await self._leads_to(dir, name, inode):
-                stale.append((dir, name))
-        for dir, name in stale:
+            if dir is not None and dir.source is not None:
+                key = await self._now_at(dir, name)
+                if key != inode.key:
+                    stale.append((dir, name, key))
+        return stale
+
+    async def _now_at(self, dir, name):
+        """The key of the file ``name`` in ``dir`` leads to at the server, or None if it is gone."""
+        backend = dir.source.backend
+        try:
+            node, st = await backend.lookup(dir.node, name)
+        except FileNotFoundError:
+            return None
+        key = (dir.source.index, backend.identity(node, st))
+        known = self.by_key.get(key)
+        if known is None or known.node is not node:
+            backend.forget(node)
+        return key
+
+    async def _drop_names(self, names):
+        for dir, name, _ in names:
             self._unname(dir, name)
             self.dircache.drop(dir)
             if self.kernel is not None:
                 # In a thread: the kernel takes the directory's lock, which a request we are yet
                 # to answer may hold.
                 await trio.to_thread.run_sync(self.kernel.notify_inval_entry, dir.nodeid, name)
-        if stale:
-            raise OSError(errno.ESTALE, "a name of the file now leads elsewhere")
-
-    async def _leads_to(self, dir, name, inode):
-        backend = dir.source.backend
-        try:
-            node, st = await backend.lookup(dir.node, name)
-        except FileNotFoundError:
-            return False
-        if node is not inode.node:
-            backend.forget(node)
-        return backend.identity(node, st) == inode.key[1]
 
     async def create(self, ctx, parent, name, mode, flags):
         self._writable()
