@@ -245,15 +245,21 @@ class Filesystem(Operations):
         to this file (xfs reuses them at once).  Left there, the kernel would take two files for one,
         and a rename of one over the other would do nothing.  The kernel drops them once this
         request is answered (it holds the directory's lock until then)."""
-        for other in [k for k in inode.names if k != key]:
-            dir = self.inodes.get(other[0])
+        self._drop_names([other for other in inode.names if other != key])
+
+    def _drop_names(self, keys):
+        """Forget the kernel's names ``keys`` ((dir nodeid, name)): here at once, in the kernel in the
+        background (it takes the directory's lock, which a request we are yet to answer may hold);
+        opens wait for that in _check_name."""
+        for key in keys:
+            dir = self.inodes.get(key[0])
             if dir is not None:
-                self._unname(dir, other[1])
+                self._unname(dir, key[1])
                 self.dircache.drop(dir)
             if self.kernel is not None:
                 done = trio.Event()
                 self._dropping.add(done)
-                trio.lowlevel.spawn_system_task(self._inval_entry, other, done)
+                trio.lowlevel.spawn_system_task(self._inval_entry, key, done)
 
     async def _inval_entry(self, key, done):
         try:
@@ -535,30 +541,34 @@ class Filesystem(Operations):
         revalidates a name on open too).  Names we removed ourselves are not
         held, so a reopen through /proc of an unlinked file still works.
         """
-        for done in list(self._dropping):
-            await done.wait()  # until then, the kernel may have come by a name we no longer hold
+        await self._dropped()  # until then, the kernel may have come by a name we no longer hold
         stale = await self._stale_names(inode)
         if not stale:
             return
-        await self._drop_names(stale)
+        self._drop_names(name for name, _ in stale)
         # The kernel's second walk may end at the file a stale name leads to now: that file's own
         # stale names go too, or its open would be refused as well (the kernel walks twice at most).
-        for key in {key for _, _, key in stale if key is not None}:
+        for key in {key for _, key in stale if key is not None}:
             now = self.by_key.get(key)
             if now is not None and now is not inode:
-                await self._drop_names(await self._stale_names(now))
+                self._drop_names(name for name, _ in await self._stale_names(now))
+        await self._dropped()  # the walk must not find them again
         raise OSError(errno.ESTALE, "a name of the file now leads elsewhere")
 
+    async def _dropped(self):
+        for done in list(self._dropping):
+            await done.wait()
+
     async def _stale_names(self, inode):
-        """(directory, name, key of the file it leads to now or None) for each name the kernel
+        """((dir nodeid, name), key of the file it leads to now or None) for each name the kernel
         holds for ``inode`` that no longer leads to it."""
         stale = []
-        for dir_nodeid, name in list(inode.names):
-            dir = self.inodes.get(dir_nodeid)
+        for name in list(inode.names):
+            dir = self.inodes.get(name[0])
             if dir is not None and dir.source is not None:
-                key = await self._now_at(dir, name)
+                key = await self._now_at(dir, name[1])
                 if key != inode.key:
-                    stale.append((dir, name, key))
+                    stale.append((name, key))
         return stale
 
     async def _now_at(self, dir, name):
@@ -573,15 +583,6 @@ class Filesystem(Operations):
         if known is None or known.node is not node:
             backend.forget(node)
         return key
-
-    async def _drop_names(self, names):
-        for dir, name, _ in names:
-            self._unname(dir, name)
-            self.dircache.drop(dir)
-            if self.kernel is not None:
-                # In a thread: the kernel takes the directory's lock, which a request we are yet
-                # to answer may hold.
-                await trio.to_thread.run_sync(self.kernel.notify_inval_entry, dir.nodeid, name)
 
     async def create(self, ctx, parent, name, mode, flags):
         self._writable()

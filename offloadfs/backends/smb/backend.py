@@ -86,13 +86,13 @@ class File:
     __slots__ = ("backend", "node", "access", "file_id", "generation", "born", "create_guid", "lost", "sparse",
                  "resume_key", "key_generation")
 
-    def __init__(self, backend, node, access, file_id, generation, born):
+    def __init__(self, backend, node, access, file_id, generation):
         self.backend = backend
         self.node = node
         self.access = access
         self.file_id = file_id
         self.generation = generation
-        self.born = born
+        self.born = None  # set once the open's attributes are in
         self.create_guid = None
         self.lost = None
         self.sparse = False
@@ -506,7 +506,7 @@ class SMBBackend(Capabilities, Backend):
             if status != errors.SUCCESS:
                 raise status_error(status, body, path)
             created = wire.CreateResponse.unpack(body)
-            file = File(self, node, access, created.file_id, self.client.generation, 0)
+            file = File(self, node, access, created.file_id, self.client.generation)
             listener = self.client.oplocks
             if created.oplock_level != m.NO_OPLOCK and listener.generation == file.generation:
                 listener.hold(file.file_id, self.share)
