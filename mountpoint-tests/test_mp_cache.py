@@ -43,6 +43,28 @@ def test_a_new_file_that_took_a_deleted_files_inode_number_is_that_new_file(moun
     assert seen.stat().st_size == 12
 
 
+def test_a_rename_between_a_stale_name_and_the_file_that_took_its_number(mount_on):
+    """SMB file ids carry no generation: the kernel may still hold a name of a removed file while
+    the file that took its number is found by another name.  Both names would then lead to one
+    inode, and the kernel would answer a rename between them itself: success, nothing done."""
+    mnt = mount_on("smb-xfs", ["attr_timeout=0", "entry_timeout=60"])  # the kernel keeps f's name
+    (mnt.backing / "f").write_bytes(b"old")
+    ino = os.stat(mnt.path / "f").st_ino
+    (mnt.backing / "f").unlink()  # another client removes f and makes g, which gets f's number
+    for _ in range(40):
+        (mnt.backing / "g").write_bytes(b"the new file")
+        if os.stat(mnt.backing / "g").st_ino == ino:
+            break
+        (mnt.backing / "g").unlink()
+        time.sleep(0.2)
+    assert os.stat(mnt.backing / "g").st_ino == ino, "the server did not reuse the number"
+    assert os.stat(mnt.path / "g").st_ino == ino
+    time.sleep(0.2)  # the daemon tells the kernel to drop f right after answering: it held the lock
+    with pytest.raises(FileNotFoundError):
+        os.rename(mnt.path / "f", mnt.path / "g")
+    assert sorted(os.listdir(mnt.path)) == ["g"]
+
+
 def test_a_passthrough_write_past_the_end_shows_in_fstat(mount, backing):
     mnt = mount(backing("ext4"), ["passthrough"])
     fd = os.open(mnt.path / "f", os.O_RDWR | os.O_CREAT, 0o644)
