@@ -1,5 +1,6 @@
 """Bad `offloadfs mount` input: a clear one-line error, never a traceback,
-and nothing left mounted."""
+and nothing left mounted.  Exit codes follow mount(8): 1 for a wrong
+invocation (bad arguments or options), 32 for a mount that failed."""
 
 import pytest
 
@@ -22,9 +23,12 @@ def mount_count(path):
         return sum(line.split()[1] == str(path) for line in f)
 
 
-def assert_clean_failure(proc):
+USAGE, FAILURE = 1, 32
+
+
+def assert_clean_failure(proc, code):
     output = proc.stdout + proc.stderr
-    assert proc.returncode != 0
+    assert proc.returncode == code, proc.stderr
     assert "Traceback" not in output
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].strip(), proc.stderr
@@ -33,20 +37,20 @@ def assert_clean_failure(proc):
 @pytest.mark.parametrize("source", ["/nonexistent/offloadfs-src", "file:///nonexistent/src"])
 def test_missing_source(source, mp):
     proc = offloadfs_cli("mount", source, mp)
-    assert_clean_failure(proc)
+    assert_clean_failure(proc, FAILURE)
     assert not is_mounted(mp)
 
 
 def test_source_is_a_file(mp, tmp_path):
     (tmp_path / "file").write_bytes(b"x")
     proc = offloadfs_cli("mount", tmp_path / "file", mp)
-    assert_clean_failure(proc)
+    assert_clean_failure(proc, FAILURE)
     assert not is_mounted(mp)
 
 
 def test_missing_mountpoint(backing, tmp_path):
     proc = offloadfs_cli("mount", backing(), tmp_path / "no-such-dir")
-    assert_clean_failure(proc)
+    assert_clean_failure(proc, FAILURE)
     assert not (tmp_path / "no-such-dir").exists()
 
 
@@ -55,7 +59,7 @@ def test_busy_mountpoint(backing, mount):
     (first.backing / "f").write_bytes(b"first")
     proc = offloadfs_cli("mount", backing(), first.path)
     try:
-        assert_clean_failure(proc)
+        assert_clean_failure(proc, FAILURE)
         assert mount_count(first.path) == 1
     finally:
         for _ in range(mount_count(first.path) - 1):
@@ -66,5 +70,12 @@ def test_busy_mountpoint(backing, mount):
 @pytest.mark.parametrize("option", ["bogus", "offload=maybe", "uid=notanumber", "umask=999"])
 def test_bad_option(option, backing, mp):
     proc = offloadfs_cli("mount", backing(), mp, "-o", option)
-    assert_clean_failure(proc)
+    assert_clean_failure(proc, USAGE)
     assert not is_mounted(mp)
+
+
+@pytest.mark.parametrize("args", [["mount"], ["mount", "a", "b", "c"], ["frobnicate"], ["status"]])
+def test_bad_usage(args):
+    proc = offloadfs_cli(*args)
+    assert proc.returncode == USAGE, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.strip()

@@ -62,3 +62,33 @@ def test_fstab_entry(helper, backing, mountpoint, tmp_path, how):
     assert proc.returncode == 0, proc.stderr
     assert is_mounted(mountpoint)
     assert (mountpoint / "f").read_bytes() == b"from fstab"
+
+
+def test_fake_mount_checks_but_does_not_mount(helper, backing, mountpoint):
+    """mount -f does everything but mount: the source and options are checked, nothing is mounted."""
+    src = backing()
+    sh("mount", "-f", "-t", "offloadfs", src, mountpoint)
+    assert not is_mounted(mountpoint)
+    proc = subprocess.run(["mount", "-f", "-t", "offloadfs", src, mountpoint, "-o", "bogus"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "bogus" in proc.stderr, proc.stderr
+    assert not is_mounted(mountpoint)
+
+
+@pytest.mark.parametrize("source, options, code", [
+    ("/nonexistent/offloadfs-src", "defaults", 32),  # a mount that fails
+    ("SRC", "bogus", 1),  # a wrong invocation
+])
+def test_mount_exit_codes(helper, backing, mountpoint, source, options, code):
+    source = backing() if source == "SRC" else source
+    proc = subprocess.run(["mount", "-t", "offloadfs", source, mountpoint, "-o", options],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not is_mounted(mountpoint)
+
+
+def test_helper_bad_usage_exits_1():
+    helper = Path(sys.executable).parent / "mount.offloadfs"
+    proc = subprocess.run([helper, "only-a-source"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr

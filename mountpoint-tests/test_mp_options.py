@@ -3,10 +3,20 @@
 import errno
 import os
 import random
+import shutil
 import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from mpkit import MiB, sh, sha256, write_file
+
+from offloadfs.lab.loopfs import is_mounted
+from offloadfs.lab.mount import unmount
+
+NOBODY = 65534
 
 
 def expect_errno(code, fn, *args):
@@ -124,6 +134,56 @@ def test_passthrough_second_open_of_an_open_file(backing, mount):
     after = mnt.counters()
     assert after["fuse_read_bytes"] == before["fuse_read_bytes"]  # all of it passed through
     assert after["fuse_write_bytes"] == before["fuse_write_bytes"]
+
+
+@pytest.fixture
+def as_nobody():
+    """Run a command as user nobody, who may open /dev/fuse (mode 0600 here: made 0666 meanwhile).
+
+    nobody keeps CAP_DAC_READ_SEARCH only to reach this Python under /root; fusermount3
+    mounts for it as for any user, and the kernel grants it nothing root has.
+    """
+    mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
+    os.chmod("/dev/fuse", 0o666)
+    made = []
+
+    def run(*cmd):
+        return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                               "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search",
+                               *map(str, cmd)], capture_output=True, text=True, timeout=60)
+
+    def directory():
+        path = Path(tempfile.mkdtemp(prefix="offloadfs-nobody-"))
+        os.chown(path, NOBODY, NOBODY)
+        made.append(path)
+        return path
+
+    run.directory = directory
+    try:
+        yield run
+    finally:
+        os.chmod("/dev/fuse", mode)
+        for path in made:
+            if is_mounted(path):
+                unmount(path)
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def test_passthrough_is_refused_for_a_user(as_nobody):
+    """The kernel lets only root register backing files: a user's passthrough mount would fail
+    every open (EPERM) and leave empty files behind, so it must not mount at all."""
+    src, mp = as_nobody.directory(), as_nobody.directory()
+    cli = (sys.executable, "-m", "offloadfs")
+    proc = as_nobody(*cli, "mount", src, mp, "-o", "passthrough")
+    assert (proc.returncode, proc.stderr.count("\n")) == (1, 1), proc.stderr
+    assert "passthrough" in proc.stderr and "root" in proc.stderr, proc.stderr
+    assert not is_mounted(mp)
+    # The control: the same user mounts without it, and files are written.
+    proc = as_nobody(*cli, "mount", src, mp)
+    assert proc.returncode == 0, proc.stderr
+    assert as_nobody("sh", "-c", f"echo hello > {mp}/new").returncode == 0
+    assert (src / "new").read_text() == "hello\n"
 
 
 def test_writeback_cache_random_writes(backing, mount):

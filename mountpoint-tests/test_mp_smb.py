@@ -125,12 +125,25 @@ def test_wrong_password_fails_in_one_line(smb, tmp_path, monkeypatch):
     mnt.mkdir()
     monkeypatch.setenv("PASSWD", "not-the-password")
     proc = offloadfs_cli("mount", f"smb://{server.username}@{server.host}/ext4", mnt)
-    assert proc.returncode != 0
+    assert proc.returncode == 32  # mount(8)'s "mount failure"
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "logon failure" in lines[0], proc.stderr
     assert "not-the-password" not in proc.stdout + proc.stderr
     assert not os.path.ismount(mnt)
     assert os.listdir(mnt) == []
+
+
+def test_the_daemon_forgets_passwd_once_read(smb, tmp_path, monkeypatch):
+    """PASSWD logs the mount on; after that the daemon keeps it neither in its environment (which
+    fusermount3 and any other program it runs would inherit) nor in the memory /proc shows of it."""
+    server = smb.lab.server
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    monkeypatch.setenv("PASSWD", server.password)
+    with offloadfs_mount(f"smb://{server.username}@{server.host}/ext4", mnt):
+        with open(f"/proc/{status(mnt)['pid']}/environ", "rb") as f:
+            environ = f.read()
+    assert b"PASSWD=" not in environ and server.password.encode() not in environ
 
 
 def test_what_smb_cannot_store(mount_on):

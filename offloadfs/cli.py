@@ -1,8 +1,10 @@
 """Command line: `offloadfs mount|umount|status` and the mount(8) helper `mount.offloadfs`.
 
 Every failure a user can cause ends as one line on stderr and a non-zero
-exit, never a traceback.  `mount` returns once the kernel has spoken to the
-daemon (INIT answered), so a script can use the mount on the next line.
+exit, never a traceback: 1 for a wrong invocation, 32 for a mount (or
+unmount) that failed, as mount(8) and its helpers exit.  `mount` returns once
+the kernel has spoken to the daemon (INIT answered), so a script can use the
+mount on the next line.
 """
 import argparse
 import errno
@@ -20,30 +22,35 @@ from .options import OptionError, parse
 
 STATUS_XATTR = "user.offloadfs.status"
 READY_TIMEOUT = 30
+EX_USAGE, EX_FAIL = 1, 32  # mount(8): "incorrect invocation or permissions", "mount failure"
 
 
 class UsageError(Exception):
-    pass
+    """The command line is wrong (exit 1)."""
 
 
-def _fail(msg):
+class Failed(Exception):
+    """The command was right but did not work (exit 32)."""
+
+
+def _fail(msg, code=EX_FAIL):
     print(f"offloadfs: {msg}", file=sys.stderr)
-    return 1
+    return code
 
 
 def _check_mountpoint(path):
     try:
         os.stat(path)
     except FileNotFoundError:
-        raise UsageError(f"mountpoint {path}: no such directory") from None
+        raise Failed(f"mountpoint {path}: no such directory") from None
     except OSError as e:
         if e.errno == errno.ENOTCONN:
-            raise UsageError(f"mountpoint {path}: a dead offloadfs mount; run 'offloadfs umount {path}'") from None
-        raise UsageError(f"mountpoint {path}: {e.strerror}") from None
+            raise Failed(f"mountpoint {path}: a dead offloadfs mount; run 'offloadfs umount {path}'") from None
+        raise Failed(f"mountpoint {path}: {e.strerror}") from None
     if not os.path.isdir(path):
-        raise UsageError(f"mountpoint {path}: not a directory")
+        raise Failed(f"mountpoint {path}: not a directory")
     if os.path.ismount(path):
-        raise UsageError(f"mountpoint {path}: already a mount point")
+        raise Failed(f"mountpoint {path}: already a mount point")
 
 
 def _setup_logging(debug, foreground):
@@ -59,12 +66,15 @@ def _setup_logging(debug, foreground):
     logging.basicConfig(level=level, handlers=[handler], force=True)
 
 
-def do_mount(source, mountpoint, options, foreground):
+def do_mount(source, mountpoint, options, foreground, fake=False):
+    """Mount; ``fake`` (mount -f) checks the mountpoint and options and stops short of mounting."""
     from . import daemon
 
-    _check_mountpoint(mountpoint)
     # Resolved now, while nothing is mounted there: the daemon must never stat its own mount.
     config = parse(os.path.realpath(mountpoint), source, options)
+    _check_mountpoint(mountpoint)
+    if fake:
+        return 0
     if foreground:
         _setup_logging(config.debug, True)
         daemon.run(config, on_ready=lambda: None)
@@ -144,14 +154,14 @@ def _wait_ready(fd, pid, mountpoint):
 def do_umount(mountpoint, lazy):
     mountpoint = os.path.realpath(mountpoint)
     if not fusemount.is_mounted(mountpoint):
-        raise UsageError(f"{mountpoint}: not an offloadfs mount")
+        raise Failed(f"{mountpoint}: not an offloadfs mount")
     try:
         fusemount.unmount(mountpoint, lazy=lazy)
     except OSError as e:
         if e.errno == errno.EBUSY:
-            raise UsageError(f"{mountpoint}: busy (files open or a process inside); "
+            raise Failed(f"{mountpoint}: busy (files open or a process inside); "
                              f"'offloadfs umount -l' detaches it now") from None
-        raise UsageError(str(e)) from None
+        raise Failed(str(e)) from None
     return 0
 
 
@@ -185,25 +195,101 @@ def do_status(mountpoint, as_json):
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a wrong command line exits 1 as mount(8) does, not 2."""
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(EX_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _help(title, rows):
+    """A help section: one (name, what it does) row a line."""
+    return f"{title}:\n" + "".join(f"  {name:<30} {what}\n" if len(name) < 30 else f"  {name}\n{'':33}{what}\n"
+                                    for name, what in rows)
+
+
+SOURCES = [
+    ("/path, file:///path", "a local directory (also an export the kernel mounts)"),
+    ("smb://[DOM;]user@host[:port]/share[/path]", "an SMB 2/3 share; password: credentials=FILE or $PASSWD"),
+    ("nfs://host[:port]/export[/path]", "an NFSv4.2 (or 4.1) export"),
+    ("(none)", "with -o source=NAME=SOURCE,... or -o config=FILE"),
+]
+MOUNT_OPTIONS = [
+    ("ro, rw", "read-only or read-write"),
+    ("nosuid, nodev, noexec, sync, noatime, nodiratime", "as in mount(8)"),
+    ("allow_other", "let other users in (turns on default_permissions)"),
+    ("default_permissions", "let the kernel check permissions"),
+    ("uid=N, gid=N, umask=OCT", "owner, group and mode bits shown for every file"),
+    ("offload=on|off", "off: no clones or server-side copies"),
+    ("passthrough", "reads and writes go straight to local backing files (root only)"),
+    ("writeback_cache", "the kernel caches writes and sends them in bulk"),
+    ("attr_timeout=S, entry_timeout=S", "how long the kernel may cache attributes, names"),
+    ("debug", "log every request"),
+    ("source=NAME=SOURCE", "add SOURCE as top-level directory NAME (repeatable)"),
+    ("config=FILE", "read sources from a TOML file's [sources] table"),
+    ("SMB: credentials=FILE", "username=, password=, domain= lines; mode 0600"),
+    ("SMB: username=, domain=, port=, file_mode=, dir_mode=, seal, vers=",
+     "as in mount.cifs; vers: 3.1.1, 3.0.2, 3.0, 2.1"),
+    ("NFS: soft, hard, timeo=, retrans=, rsize=, wsize=, minorversion=", "as in nfs(5)"),
+    ("defaults, noauto, nofail, _netdev, x-*, ...", "accepted and ignored, for fstab"),
+]
+EXIT_STATUS = "exit status: 0 done, 1 wrong invocation or option, 32 the mount or unmount failed"
+
+
+def _subcommand(sub, name, summary, examples, epilog=""):
+    examples = "examples:\n" + "".join(f"  {e}\n" for e in examples)
+    return sub.add_parser(name, help=summary, description=summary, epilog=f"{epilog}{examples}\n{EXIT_STATUS}",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def _parser():
-    p = argparse.ArgumentParser(prog="offloadfs", description="FUSE filesystem with server-side copies")
-    sub = p.add_subparsers(dest="command", required=True)
-    m = sub.add_parser("mount", help="mount SOURCE (a path or URL) on MOUNTPOINT")
-    m.add_argument("args", nargs="+", metavar="[SOURCE] MOUNTPOINT")
-    m.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]")
-    m.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
-    u = sub.add_parser("umount", help="unmount MOUNTPOINT")
-    u.add_argument("mountpoint")
+    p = _Parser(prog="offloadfs", description="FUSE filesystem that turns copies into clones and "
+                "server-side copies.  See offloadfs COMMAND --help and offloadfs(8).")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    m = _subcommand(sub, "mount", "mount SOURCE (a path or URL) on MOUNTPOINT", [
+        "offloadfs mount /srv/data /mnt/data -o passthrough",
+        "offloadfs mount smb://backup@nas/data /mnt/data -o credentials=/etc/offloadfs/nas.cred",
+        "offloadfs mount nfs://filer/export/projects /mnt/projects -o soft",
+        "offloadfs mount -o source=fast=/srv/btrfs,source=bulk=/srv/ext4 /mnt/all",
+    ], _help("sources", SOURCES) + "\n" + _help("options (-o, comma-separated)", MOUNT_OPTIONS) + "\n")
+    m.usage = "offloadfs mount [-h] [-f] [-o OPTION[,OPTION...]] [SOURCE] MOUNTPOINT"
+    m.add_argument("args", nargs="+", metavar="[SOURCE] MOUNTPOINT",
+                   help="SOURCE may be left out when -o source= or config= names the sources")
+    m.add_argument("-o", dest="options", action="append", default=[], metavar="OPTION[,OPTION...]",
+                   help="mount options, see below (repeatable)")
+    m.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground, log to stderr")
+    u = _subcommand(sub, "umount", "unmount MOUNTPOINT (also after its daemon was killed)", [
+        "offloadfs umount /mnt/data",
+        "offloadfs umount -l /mnt/data",
+    ])
+    u.add_argument("mountpoint", metavar="MOUNTPOINT", help="an offloadfs mount")
     u.add_argument("-l", "--lazy", action="store_true", help="detach now, clean up when no longer busy")
-    s = sub.add_parser("status", help="copies in flight and counters of a mount")
-    s.add_argument("mountpoint")
-    s.add_argument("--json", action="store_true")
+    s = _subcommand(sub, "status", "copies in flight and counters of a mount", [
+        "offloadfs status /mnt/data",
+        "offloadfs status /mnt/data --json",
+    ])
+    s.add_argument("mountpoint", metavar="MOUNTPOINT", help="an offloadfs mount")
+    s.add_argument("--json", action="store_true", help="one JSON object (its keys are an interface)")
     return p
+
+
+def _run(command):
+    """Run a command; what goes wrong is one line on stderr and mount(8)'s exit code."""
+    try:
+        return command()
+    except (UsageError, OptionError) as e:
+        return _fail(_describe(e), EX_USAGE)
+    except (Failed, SourceError, fusemount.MountError, OSError) as e:
+        return _fail(_describe(e))
+    except KeyboardInterrupt:
+        return 130
 
 
 def main(argv=None):
     args = _parser().parse_args(argv)
-    try:
+
+    def command():
         if args.command == "mount":
             if len(args.args) > 2:
                 raise UsageError("mount takes [SOURCE] MOUNTPOINT")
@@ -212,25 +298,30 @@ def main(argv=None):
         if args.command == "umount":
             return do_umount(args.mountpoint, args.lazy)
         return do_status(args.mountpoint, args.json)
-    except (UsageError, OptionError, SourceError, fusemount.MountError, OSError) as e:
-        return _fail(_describe(e))
-    except KeyboardInterrupt:
-        return 130
+
+    return _run(command)
 
 
 def mount_helper_main(argv=None):
     """mount(8) calls: mount.offloadfs SOURCE MOUNTPOINT [-sfnv] [-N ns] [-o OPTS] [-t TYPE]."""
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="mount.offloadfs")
-    p.add_argument("source")
-    p.add_argument("mountpoint")
-    p.add_argument("-o", dest="options", action="append", default=[])
-    for flag in ("-s", "-f", "-n", "-v"):
-        p.add_argument(flag, action="store_true")
-    p.add_argument("-t", dest="type")
-    p.add_argument("-N", dest="namespace")
+    p = _Parser(prog="mount.offloadfs", formatter_class=argparse.RawDescriptionHelpFormatter,
+                description="The mount(8) helper for offloadfs: mount(8) runs it for -t offloadfs "
+                "and fstab lines of type offloadfs.  See mount.offloadfs(8).",
+                epilog="examples:\n  mount -t offloadfs /srv/data /mnt/data -o passthrough\n"
+                "  mount -t offloadfs smb://backup@nas/data /mnt/nas -o credentials=/etc/offloadfs/nas.cred\n"
+                "  mount -t offloadfs offloadfs /mnt/all -o config=/etc/offloadfs.toml\n\n" + EXIT_STATUS)
+    p.add_argument("source", metavar="SOURCE", help="a path or URL; offloadfs or none with source=/config=")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing directory")
+    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTIONS",
+                   help="mount options, as offloadfs mount -o (see offloadfs mount --help)")
+    p.add_argument("-f", dest="fake", action="store_true", help="fake: check the options and MOUNTPOINT, mount nothing")
+    p.add_argument("-s", action="store_true", help="sloppy (accepted; unknown options are still refused)")
+    p.add_argument("-n", action="store_true", help="no mtab (there is none to write)")
+    p.add_argument("-v", action="store_true", help="verbose (accepted, ignored)")
+    p.add_argument("-t", dest="type", metavar="TYPE", help="offloadfs or fuse.offloadfs (ignored)")
+    p.add_argument("-N", dest="namespace", metavar="NS", help="mount namespace (accepted, ignored)")
     args = p.parse_args(argv)
     # fstab needs a first field; with source=/config= options it is only a label.
     source = None if args.source in ("offloadfs", "none") else args.source
-    return main(["mount", *([source] if source else []), args.mountpoint,
-                 *[x for o in args.options for x in ("-o", o)]])
+    return _run(lambda: do_mount(source, args.mountpoint, args.options, False, fake=args.fake))

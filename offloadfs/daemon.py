@@ -36,6 +36,22 @@ def raise_fd_limit():
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def forget_passwd():
+    """PASSWD (an SMB password) is needed only while the backends open.  Dropped from the
+    environment, fusermount3 and the rest never inherit it; and since /proc/PID/environ shows
+    the memory the process started with, whatever unsetenv() does, its bytes are zeroed there."""
+    libc = ctypes.CDLL(None)
+    environ = ctypes.POINTER(ctypes.c_void_p).in_dll(libc, "environ")
+    entries = []
+    while environ[len(entries)]:
+        entries.append(environ[len(entries)])
+    os.environ.pop("PASSWD", None)  # unsetenv() takes it out of environ, not out of memory
+    for address in entries:
+        entry = ctypes.string_at(address)
+        if entry.startswith(b"PASSWD="):
+            ctypes.memset(address, 0, len(entry))
+
+
 async def _unmount_on_signal(mountpoint):
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
@@ -55,6 +71,7 @@ async def serve(config, on_ready):
     raise_fd_limit()
     keep_buffers_on_the_heap()
     backends = {name: open_backend(url, config.backend_options) for name, url in config.sources.items()}
+    forget_passwd()
     stats = Stats(config.mountpoint, dict(config.sources))
     fs = Filesystem(backends, config.fs, stats)
     await fs.start()

@@ -3,6 +3,7 @@
 Everything a user can get wrong is checked here, before the daemon forks, so
 that a bad option is one clear line on stderr and nothing gets mounted.
 """
+import os
 import tomllib
 from dataclasses import dataclass, field
 
@@ -15,6 +16,9 @@ IGNORED = {"defaults", "auto", "noauto", "nofail", "_netdev", "user", "users", "
            "group", "rw", "suid", "dev", "exec", "async", "atime", "relatime", "strictatime",
            "diratime", "loud", "silent"}
 IGNORED_PREFIXES = ("x-", "comment=")
+# The core's own options (FLAG_OPTIONS aside); backends list theirs in their OPTIONS.
+FLAGS = ("allow_other", "default_permissions", "debug", "passthrough", "writeback_cache")
+VALUED = ("uid", "gid", "umask", "attr_timeout", "entry_timeout", "offload", "source", "config")
 
 
 class OptionError(ValueError):
@@ -101,7 +105,7 @@ def parse(mountpoint, source, option_strings):
         if name in FLAG_OPTIONS and not eq:
             config.flags |= FLAG_OPTIONS[name]
             fs.ro = fs.ro or name == "ro"
-        elif name in ("allow_other", "default_permissions", "debug", "passthrough", "writeback_cache") and not eq:
+        elif name in FLAGS and not eq:
             setattr(config, name, True)
         elif name in ("uid", "gid") and eq:
             setattr(fs, name, _int(name, value))
@@ -118,6 +122,8 @@ def parse(mountpoint, source, option_strings):
             read_config_file(config, value)
         elif name == "offload":
             raise OptionError(f"option {opt}: use offload=on or offload=off")
+        elif name in VALUED:
+            raise OptionError(f"option {name} needs a value: {name}=...")
         else:
             config.backend_options[name] = value if eq else True  # checked once the sources are known
     if source is not None:
@@ -130,6 +136,9 @@ def parse(mountpoint, source, option_strings):
         check_options(config.sources.values(), config.backend_options)
     except SourceError as e:
         raise OptionError(str(e)) from None
+    if config.passthrough and os.geteuid() != 0:
+        # The kernel lets only root register backing files: every open would fail with EPERM.
+        raise OptionError("passthrough needs root (the kernel refuses a user's backing files)")
     if config.passthrough and config.writeback_cache:
         raise OptionError("passthrough and writeback_cache exclude each other")
     if config.flags & MS_RDONLY:

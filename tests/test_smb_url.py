@@ -58,6 +58,8 @@ def test_options(creds):
     ("smb://alice@h/s", {"file_mode": "abc"}, "not a number"),
     ("smb://alice@h/s", {"dir_mode": "17777"}, "not a permission mode"),
     ("smb://alice@h:1445/s", {"port": "445"}, "port given twice"),
+    ("smb://alice@h:0/s", {}, "port 0"),
+    ("smb://alice@h/s", {"port": "0"}, "port 0"),
     ("smb://alice@h/s", {"username": "bob"}, "user name given twice"),
     ("smb://alice@h/s", {"username": True}, "needs a value"),
     ("smb://h/s", {}, "no user name"),
@@ -99,6 +101,11 @@ def test_credentials_file_errors_never_quote_a_line(creds):
 def test_credentials_file_format(creds):
     t = parse("smb://h/s", {"credentials": creds(f"# comment\n\n  username = carol \npassword={SECRET}\n")})
     assert (t.username, t.password) == ("carol", SECRET)  # passwords keep spaces and '='
+
+
+def test_credentials_file_short_keys_as_mount_cifs_reads_them(creds):
+    t = parse("smb://h/s", {"credentials": creds(f"user=dave\npass={SECRET}\ndom=W\n")})
+    assert (t.username, t.password, t.domain) == ("dave", SECRET, "W")
 
 
 def test_password_stays_out_of_repr(creds):

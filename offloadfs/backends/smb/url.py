@@ -27,7 +27,8 @@ DIALECTS = {
     "3.1.1": Dialects.SMB_3_1_1,
     "default": None,
 }
-CREDENTIAL_KEYS = ("username", "password", "domain")
+# A credentials file's keys, by the prefix mount.cifs goes by (user=, pass=, dom= work too).
+CREDENTIAL_KEYS = {"user": "username", "pass": "password", "dom": "domain"}
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,8 @@ def parse(url, options, environ=os.environ):
     password = creds.get("password", environ.get("PASSWD"))
     if password is None:
         raise ValueError("no password: give -o credentials=FILE or set PASSWD in the environment")
-    port = _one_of("port", url_port, _number(options, "port", 10), None) or 445
+    port = _one_of("port", url_port, _number(options, "port", 10), None)
+    port = 445 if port is None else port
     if not 0 < port < 65536:
         raise ValueError(f"port {port}: must be from 1 to 65535")
     vers = _text(options, "vers") or "default"
@@ -101,7 +103,7 @@ def parse(url, options, environ=os.environ):
 
 
 def read_credentials(path):
-    """username=/password=/domain= lines of a file only its owner may read."""
+    """username=/password=/domain= lines (or user=, pass=, dom=) of a file only its owner may read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
@@ -121,7 +123,8 @@ def read_credentials(path):
             continue
         key, eq, value = line.partition("=")
         key = key.strip().lower()
-        if not eq or key not in CREDENTIAL_KEYS:
+        key = next((full for prefix, full in CREDENTIAL_KEYS.items() if key.startswith(prefix)), None)
+        if not eq or key is None:
             # Never quote the line: it may hold the password.
             raise ValueError(f"credentials file {path}, line {number}: expected username=, password= or domain=")
         creds[key] = value if key == "password" else value.strip()
