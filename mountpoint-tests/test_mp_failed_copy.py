@@ -6,13 +6,15 @@ while an earlier one fails.  The destination must then hold no more than
 the part copied without a gap from the start, and cp must fail.
 """
 
+import json
+import os
 import shutil
 import subprocess
+import time
 
 import pytest
-from mpkit import MiB, write_file
+from mpkit import MiB, sha256, write_file
 from smbkit import smb_lab
-from test_mp_smb import wait_for_copy
 
 from offloadfs.lab.loopfs import loop_filesystem
 from offloadfs.lab.mount import offloadfs_mount, status
@@ -53,3 +55,78 @@ def test_streamed_copy_onto_a_full_filesystem(backing):
             counters = status(mnt)["counters"]
             assert counters["copy_bytes"]["stream"] > 0, counters
             assert_prefix(src / "big", small / "copy", copied(counters))
+
+
+@pytest.fixture(scope="module")
+def lab():
+    """A Samba lab of this module's own: its filesystem gets filled up, its smbd killed."""
+    if shutil.which("smbd") is None:
+        pytest.skip("smbd is not installed (apt-get install samba samba-vfs-modules)")
+    with smb_lab(servers=1, kinds=("ext4",)) as lab:
+        yield lab
+
+
+@pytest.fixture
+def share(lab):
+    """The lab's ext4 share on the server's disk, emptied again after the test."""
+    path = lab.lab.server.shares["ext4"].path
+    yield path
+    for f in path.iterdir():
+        f.unlink()
+
+
+def test_streamed_copy_onto_a_full_share(lab, share):
+    """offload=off: the daemon reads and writes the pieces of each chunk side by side."""
+    write_file(share / "big", SIZE)
+    fs = os.statvfs(share)  # smbd writes as root: the blocks kept for root count too
+    with open(share / "filler", "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, fs.f_bfree * fs.f_frsize - SMALL_FS)
+    with offloadfs_mount(lab.url("ext4"), options=[*lab.options(), "offload=off"]) as mnt:
+        cp_fails(mnt / "big", mnt / "copy")
+        counters = status(mnt)["counters"]
+    assert_prefix(share / "big", share / "copy", copied(counters))
+
+
+def test_server_copy_cut_by_a_server_restart(lab, share):
+    """smbd dies while server-side copies are in flight side by side, and comes back.
+
+    ext4 makes the server copy the bytes itself, so the copy is still running
+    when smbd is killed.  cp may finish once smbd is back (the daemon
+    reconnects), else it fails; either way the copy is a prefix of the source.
+    """
+    server = lab.lab.server
+    digest = write_file(share / "big", 1 << 30)
+    with offloadfs_mount(lab.url("ext4"), options=lab.options()) as mnt:
+        cp = subprocess.Popen(["cp", mnt / "big", mnt / "copy"], stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for_progress(mnt, cp)
+            server.kill()
+            time.sleep(1)
+            server.start()
+            _, err = cp.communicate(timeout=120)
+        finally:
+            if cp.poll() is None:
+                cp.kill()
+                cp.wait()
+            if server.process is None:
+                server.start()
+        print(f"cp exit {cp.returncode}: {err.strip()}")
+        counters = status(mnt)["counters"]
+    assert counters["copy_bytes"]["server_copy"] > 0, counters
+    if cp.returncode == 0:
+        assert sha256(share / "copy") == digest, "cp reported success over wrong data"
+    else:
+        assert err.strip(), "cp failed without saying why"
+        assert_prefix(share / "big", share / "copy", copied(counters))
+
+
+def wait_for_progress(mountpoint, cp):
+    """Return once the daemon reports a copy in flight with a first part done."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert cp.poll() is None, "cp finished before smbd could be killed"
+        copies = json.loads(os.getxattr(mountpoint, "user.offloadfs.status"))["copies_in_flight"]
+        if copies and copies[0]["bytes_done"]:
+            return
+        time.sleep(0.005)
+    raise AssertionError("the copy never made progress in status")
