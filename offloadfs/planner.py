@@ -32,7 +32,7 @@ STREAM_AHEAD = 2  # chunks read ahead of the writer
 EXPLORE_LIMIT = 1 << 20
 # A failed copy cuts off what it may have left past its end (see Planner._trim); errors that say
 # the server is out of reach now are retried this long, every TRIM_RETRY seconds.
-TRIM_WAIT = 30
+TRIM_WAIT = 20
 TRIM_RETRY = 0.5
 UNREACHABLE = (errno.EIO, errno.ETIMEDOUT)
 
