@@ -652,9 +652,10 @@ class Filesystem(Operations):
         if flags:
             raise OSError(errno.EINVAL, "copy_file_range takes no flags")
         src, dst = self._handle(fh_in), self._handle(fh_out)
-        n = await self.planner.copy(self._endpoint(src), off_in, self._endpoint(dst), off_out, length)
-        self._stale(dst.inode)
-        return n
+        try:
+            return await self.planner.copy(self._endpoint(src), off_in, self._endpoint(dst), off_out, length)
+        finally:
+            self._stale(dst.inode)  # a failed copy may have changed it too
 
     def _endpoint(self, h):
         return Endpoint(h.inode.source.backend, h.inode.node, h.file, self._path(h.inode))

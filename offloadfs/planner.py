@@ -11,6 +11,8 @@ never handed back to the kernel (whose fallback is slower: 64 KiB writes
 through FUSE).
 """
 import contextlib
+import errno
+import logging
 import time
 from dataclasses import dataclass
 
@@ -19,12 +21,20 @@ import trio
 from .costs import CostModel
 
 from .backends.base import CloneRange, InterServerCopy, NotSupported, ServerCopy
+from .backends.parallel import together
+
+log = logging.getLogger(__name__)
 
 STREAM_CHUNK = 8 << 20
 STREAM_AHEAD = 2  # chunks read ahead of the writer
 # While streaming on a route is unmeasured, copies up to this size stream once to learn
 # its cost: being wrong about a small copy costs little.
 EXPLORE_LIMIT = 1 << 20
+# A failed copy cuts off what it may have left past its end (see Planner._trim); errors that say
+# the server is out of reach now are retried this long, every TRIM_RETRY seconds.
+TRIM_WAIT = 20
+TRIM_RETRY = 0.5
+UNREACHABLE = (errno.EIO, errno.ETIMEDOUT)
 
 
 @dataclass(slots=True)
@@ -73,19 +83,23 @@ class Planner:
         return faster + ["stream"]
 
     async def copy(self, src: Endpoint, off_in, dst: Endpoint, off_out, length):
-        """Copy up to ``length`` bytes; returns the count (short only at the source's EOF)."""
-        size = (await src.backend.getattr(src.node, src.file)).size
-        length = min(length, max(0, size - off_in))
+        """Copy up to ``length`` bytes; returns the count, short at the source's EOF or where a
+        failure cut the copy after a first part (the caller asks again for the rest and gets the
+        error then, as with any copy_file_range).  A copy that fails leaves what a plain copy
+        leaves: the part done without a gap, and no more (see _trim)."""
+        src_st, dst_st = await together([lambda: src.backend.getattr(src.node, src.file),
+                                         lambda: dst.backend.getattr(dst.node, dst.file)])
+        length = min(length, max(0, src_st.size - off_in))
         if length == 0:
             return 0
         record = self.stats.start_copy(src.label, dst.label, length)
         route = (id(src.backend), id(dst.backend))
         failed = True
         try:
-            done = 0
             for method in self.choose(route, plan(src, dst, self.offload), length):
                 started = time.monotonic()
                 record.method = method  # what `offloadfs status` shows while it runs
+                done = record.bytes_done
                 try:
                     n = await getattr(self, "_" + method)(src, off_in + done, dst, off_out + done,
                                                           length - done, record)
@@ -93,13 +107,40 @@ class Planner:
                     continue
                 if n == length:  # one method did it all: a clean sample of its cost
                     self.costs.record(route, method, n, time.monotonic() - started)
-                done += n
-                if done >= length:
+                if record.bytes_done >= length:
                     break
             failed = False
-            return done
+            return record.bytes_done
+        except BaseException as e:
+            with trio.CancelScope(shield=True):
+                await self._trim(dst, dst_st.size, off_out + record.bytes_done)
+            if record.bytes_done and isinstance(e, OSError):
+                log.info("copy to %s failed after %d bytes: %s", dst.label, record.bytes_done, e)
+                return record.bytes_done
+            raise
         finally:
             self.stats.end_copy(record, failed)
+
+    async def _trim(self, dst, old_size, end):
+        """Cut the destination back to ``end`` (the copy's part done without a gap), where the
+        failed copy made it longer than it was: pieces in flight side by side (streamed writes,
+        server-side copies) may have landed beyond a piece that failed, and a file that ends past
+        data never copied would pass for a whole copy with holes.  A server that went away is
+        waited for a while (the copy's error waits with it); one that stays away leaves the file
+        as it was when it went, and a warning says so."""
+        keep = max(old_size, end)
+        with trio.move_on_after(TRIM_WAIT):
+            while True:
+                try:
+                    if (await dst.backend.getattr(dst.node, dst.file)).size > keep:
+                        await dst.backend.setattr(dst.node, dst.file, size=keep)
+                    return
+                except OSError as e:
+                    if e.errno not in UNREACHABLE:
+                        break
+                    await trio.sleep(TRIM_RETRY)
+        log.warning("a failed copy may have left %s longer than what was copied (%d bytes): its server "
+                    "could not be reached to cut it", dst.label, keep)
 
     async def _clone(self, src, off_in, dst, off_out, length, record):
         n = await dst.backend.clone_range(src.file, off_in, dst.file, off_out, length)
@@ -143,7 +184,10 @@ class Planner:
                     data = await src.backend.read(src.file, off_in + pos, min(STREAM_CHUNK, length - pos))
                     if not data:
                         break
-                    await send.send((pos, data))
+                    try:
+                        await send.send((pos, data))
+                    except trio.BrokenResourceError:
+                        return  # the writer failed: its error is the copy's
                     pos += len(data)
 
         done = 0
@@ -153,11 +197,14 @@ class Planner:
                 async with receive:
                     async for pos, data in receive:
                         written = 0
-                        while written < len(data):
-                            written += await dst.backend.write(dst.file, off_out + pos + written,
-                                                               memoryview(data)[written:])
-                        self.stats.moved(record, "stream", len(data), done == 0)
-                        done += len(data)
+                        try:
+                            while written < len(data):
+                                written += await dst.backend.write(dst.file, off_out + pos + written,
+                                                                   memoryview(data)[written:])
+                        finally:  # a write that failed after a first part: that part counts
+                            if written:
+                                self.stats.moved(record, "stream", written, done == 0)
+                                done += written
                         await trio.lowlevel.checkpoint()  # an interrupt can land between chunks
         return done
 

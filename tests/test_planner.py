@@ -1,7 +1,11 @@
 """The copy planner's choices, against in-memory backends whose capabilities we switch on and off."""
+import errno
+
 import pytest
+import trio
 
 from offloadfs.backends.base import Backend, NotSupported, Stat
+from offloadfs.backends.parallel import copy_spans
 from offloadfs.costs import CostModel
 from offloadfs.planner import Endpoint, Planner, plan
 from offloadfs.stats import Stats
@@ -28,6 +32,10 @@ class Mem(Backend):
             file.extend(bytes(offset - len(file)))
         file[offset:offset + len(data)] = data
         return len(data)
+
+    async def setattr(self, node, file=None, *, size=None, **changes):
+        del node[size:]
+        return await self.getattr(node)
 
 
 class Cloning(Mem):
@@ -145,6 +153,67 @@ async def test_a_failing_copy_is_counted_and_leaves_nothing_in_flight():
     with pytest.raises(OSError):
         await Planner(stats, True).copy(src, 0, dst, 0, 100)
     assert stats.copy_errors == 1 and stats.in_flight == {}
+
+
+class Ragged(Mem):
+    """Writes pieces of 1000 side by side, as the network backends do: the second fails, the rest land."""
+
+    async def write(self, file, offset, data):
+        for start in range(0, len(data), 1000):
+            if start != 1000:
+                await super().write(file, offset + start, data[start:start + 1000])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+class Filling(Mem):
+    """A filesystem with room for ``room`` bytes: a write past it is short, then ENOSPC."""
+
+    def __init__(self, room):
+        super().__init__()
+        self.room = room
+
+    async def write(self, file, offset, data):
+        n = min(len(data), self.room - offset)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return await super().write(file, offset, data[:n])
+
+
+async def test_a_failed_copy_leaves_no_piece_past_the_one_that_failed():
+    src, dst, out = ends(Ragged(), Ragged(), DATA)
+    with pytest.raises(OSError) as e:
+        await Planner(Stats("/mnt", {}), False).copy(src, 0, dst, 0, len(DATA))
+    assert e.value.errno == errno.ENOSPC and out == b""  # nothing copied: nothing left
+    src, dst, out = ends(Ragged(), Ragged(), DATA)
+    out += b"x" * 20000  # what was there before the copy stays
+    with pytest.raises(OSError):
+        await Planner(Stats("/mnt", {}), False).copy(src, 0, dst, 500, len(DATA))
+    assert len(out) == 20000 and out[:500] == b"x" * 500 and out[500:1500] == DATA[:1000]
+
+
+async def test_a_copy_that_fails_after_a_first_part_answers_that_part():
+    n, out, c, _ = await run_copy(Filling(3000), Filling(3000), offload=False)
+    assert n == 3000 and out == DATA[:3000]
+    assert c["copy_bytes"]["stream"] == 3000 and c["copy_errors"] == 1
+
+
+async def test_spans_count_up_to_the_first_that_failed():
+    landed = []
+
+    async def copy(start, count):
+        await trio.lowlevel.checkpoint()  # all in flight at once
+        if start == 10:
+            raise OSError(errno.EIO, "connection lost")
+        landed.append(start)
+        return count
+
+    assert await copy_spans(copy, 40, 10, 4) == 10
+    assert sorted(landed) == [0, 20, 30]  # those in flight finish
+    landed.clear()
+    assert await copy_spans(copy, 40, 10, 1) == 10
+    assert landed == [0]  # none starts after the failure
+    with pytest.raises(OSError):
+        await copy_spans(lambda start, count: copy(start + 10, count), 40, 10, 4)
 
 
 class Pulling(Mem):

@@ -6,8 +6,6 @@ split such calls and run the pieces at once.
 """
 import trio
 
-from .base import NotSupported
-
 
 async def together(calls):
     """Run async calls side by side; their results in order.  The first failure cancels
@@ -34,21 +32,39 @@ async def together(calls):
     return results
 
 
-async def copy_spans(copy, length, step):
-    """Copy ``length`` bytes as spans of ``step`` side by side: ``copy(start, count)`` copies one
-    and may copy less, or raise NotSupported.  Returns the bytes copied without a gap from the
-    start (the caller goes on from there); NotSupported only if the first span was refused."""
-    starts = range(0, length, step)
+async def copy_spans(copy, length, step, in_flight):
+    """Copy ``length`` bytes as spans of ``step``, ``in_flight`` at once: ``copy(start, count)``
+    copies one and may copy less, or raise (NotSupported: not this way).  Returns the bytes
+    copied without a gap from the start (the caller goes on from there, and a failure of the
+    span after them shows again there); raises only if the first span failed.
 
-    async def span(start):
-        try:
-            return await copy(start, min(step, length - start))
-        except NotSupported as e:
-            return e
+    Spans start in order, and none once one failed or came back short; those in flight
+    finish, and may land past the gap: the caller must not count them (the planner cuts
+    them off, see Planner._trim)."""
+    spans = iter(range(0, length, step))
+    results = {}
+    stop = False
 
+    async def worker():
+        nonlocal stop
+        for start in spans:  # shared by the workers: the next span to start
+            if stop:
+                return
+            count = min(step, length - start)
+            try:
+                results[start] = n = await copy(start, count)
+            except Exception as e:
+                results[start] = e
+                n = 0
+            stop = stop or n < count
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(in_flight):
+            nursery.start_soon(worker)
     done = 0
-    for start, n in zip(starts, await together([lambda s=s: span(s) for s in starts])):
-        if isinstance(n, NotSupported):
+    for start in range(0, length, step):
+        n = results.get(start, 0)
+        if isinstance(n, Exception):
             if done == 0:
                 raise n
             break

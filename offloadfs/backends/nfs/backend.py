@@ -610,7 +610,7 @@ class NFSBackend(Backend):
         spans = COPIES_IN_FLIGHT if self.client.async_copies else 1
         return await copy_spans(
             lambda start, count: self._copy(src_file, src_offset + start, dst_file, dst_offset + start, count),
-            min(length, spans * COPY_PER_CALL), COPY_PER_CALL)
+            min(length, spans * COPY_PER_CALL), COPY_PER_CALL, spans)
 
     async def _copy(self, src_file, src_offset, dst_file, dst_offset, count):
         """One COPY of ``count`` bytes (the server may copy fewer), committed."""

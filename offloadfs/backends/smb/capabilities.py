@@ -7,7 +7,6 @@ itself broke; the server's copychunk limits are learned from its refusal.
 import errno
 import logging
 
-import trio
 
 from ..base import NotSupported
 from ..parallel import copy_spans
@@ -148,13 +147,11 @@ class Capabilities:
             raise NotSupported("copychunk into a btrfs share from another kind of share")
         length = min(length, COPY_PER_CALL)
         key = await src_file.backend._resume_key(src_file)
-        limit = trio.CapacityLimiter(COPY_REQUESTS_IN_FLIGHT)
 
         async def request(start, count):
-            async with limit:
-                return await self._copychunk(key, src_file, src_offset + start, dst_file, dst_offset + start, count)
+            return await self._copychunk(key, src_file, src_offset + start, dst_file, dst_offset + start, count)
 
-        return await copy_spans(request, length, self.copy_limits.per_request())
+        return await copy_spans(request, length, self.copy_limits.per_request(), COPY_REQUESTS_IN_FLIGHT)
 
     async def _copychunk(self, key, src_file, src_offset, dst_file, dst_offset, length):
         """One or more COPYCHUNK_WRITE requests for a range; bytes copied from its start."""
