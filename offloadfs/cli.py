@@ -8,12 +8,12 @@ import argparse
 import errno
 import json
 import logging
-import logging.handlers
 import os
 import select
 import sys
 import time
 
+from . import logs
 from .backends import SourceError
 from .fuse import mount as fusemount
 from .options import OptionError, parse
@@ -46,46 +46,36 @@ def _check_mountpoint(path):
         raise UsageError(f"mountpoint {path}: already a mount point")
 
 
-def _setup_logging(debug, foreground):
-    level = logging.DEBUG if debug else logging.INFO
-    if foreground:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    elif os.path.exists("/dev/log"):
-        handler = logging.handlers.SysLogHandler("/dev/log")
-        handler.setFormatter(logging.Formatter("offloadfs[%(process)d]: %(message)s"))
-    else:
-        handler = logging.NullHandler()
-    logging.basicConfig(level=level, handlers=[handler], force=True)
-
-
-def do_mount(source, mountpoint, options, foreground):
+def do_mount(source, mountpoint, options, foreground, verbose=False):
     from . import daemon
 
     _check_mountpoint(mountpoint)
     # Resolved now, while nothing is mounted there: the daemon must never stat its own mount.
     config = parse(os.path.realpath(mountpoint), source, options)
+    log = logs.choose(config.logfile, foreground)
+    if verbose:
+        print(f"offloadfs: {config.mountpoint}: logs go to {log.where}", flush=True)
     if foreground:
-        _setup_logging(config.debug, True)
+        log.install(config.debug)
         daemon.run(config, on_ready=lambda: None)
         return 0
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
-        _daemon_child(config, write_end)
+        _daemon_child(config, log, write_end)
     os.close(write_end)
     return _wait_ready(read_end, pid, config.mountpoint)
 
 
-def _daemon_child(config, ready_fd):
+def _daemon_child(config, log, ready_fd):
     from . import daemon
 
     os.setsid()
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    _setup_logging(config.debug, False)
+    log.install(config.debug)
 
     def on_ready():
         os.write(ready_fd, b"ok\n")
@@ -192,6 +182,7 @@ def _parser():
     m.add_argument("args", nargs="+", metavar="[SOURCE] MOUNTPOINT")
     m.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]")
     m.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
+    m.add_argument("-v", "--verbose", action="store_true", help="say where the daemon logs")
     u = sub.add_parser("umount", help="unmount MOUNTPOINT")
     u.add_argument("mountpoint")
     u.add_argument("-l", "--lazy", action="store_true", help="detach now, clean up when no longer busy")
@@ -208,7 +199,7 @@ def main(argv=None):
             if len(args.args) > 2:
                 raise UsageError("mount takes [SOURCE] MOUNTPOINT")
             source = args.args[0] if len(args.args) == 2 else None
-            return do_mount(source, args.args[-1], args.options, args.foreground)
+            return do_mount(source, args.args[-1], args.options, args.foreground, args.verbose)
         if args.command == "umount":
             return do_umount(args.mountpoint, args.lazy)
         return do_status(args.mountpoint, args.json)
@@ -232,5 +223,5 @@ def mount_helper_main(argv=None):
     args = p.parse_args(argv)
     # fstab needs a first field; with source=/config= options it is only a label.
     source = None if args.source in ("offloadfs", "none") else args.source
-    return main(["mount", *([source] if source else []), args.mountpoint,
+    return main(["mount", *([source] if source else []), args.mountpoint, *(["-v"] if args.v else []),
                  *[x for o in args.options for x in ("-o", o)]])

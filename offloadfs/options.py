@@ -3,6 +3,7 @@
 Everything a user can get wrong is checked here, before the daemon forks, so
 that a bad option is one clear line on stderr and nothing gets mounted.
 """
+import os
 import tomllib
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ class MountConfig:
     debug: bool = False
     passthrough: bool = False
     writeback_cache: bool = False
+    logfile: str = None  # where the daemon logs instead of the journal, syslog or the default file
     fs: Options = field(default_factory=Options)
     backend_options: dict = field(default_factory=dict)  # name -> value, or True for a flag
 
@@ -57,6 +59,14 @@ def _seconds(name, value):
     if not 0 <= t <= 86400:
         raise OptionError(f"option {name}={value}: must be between 0 and 86400 seconds")
     return t
+
+
+def _logfile(value):
+    """Absolute (`mount -v` shows it), in a directory that exists: a typo is one line, nothing mounted."""
+    path = os.path.abspath(value)
+    if not os.path.isdir(os.path.dirname(path)):
+        raise OptionError(f"option logfile={value}: {os.path.dirname(path)}: no such directory")
+    return path
 
 
 def _add_source(config, name, url):
@@ -116,6 +126,8 @@ def parse(mountpoint, source, option_strings):
             _add_source(config, src_name, url)
         elif name == "config" and eq:
             read_config_file(config, value)
+        elif name == "logfile" and eq:
+            config.logfile = _logfile(value)
         elif name == "offload":
             raise OptionError(f"option {opt}: use offload=on or offload=off")
         else:
