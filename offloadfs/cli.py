@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import select
+import signal
 import sys
 import time
 
@@ -156,22 +157,31 @@ def read_status(mountpoint):
         raise UsageError(f"{mountpoint}: {e.strerror}") from None
 
 
-def do_status(mountpoint, as_json):
-    status = read_status(mountpoint)
-    if as_json:
-        print(json.dumps(status, indent=2))
-        return 0
-    c = status["counters"]
-    print(f"{status['mountpoint']} (pid {status['pid']}, mounted {time.ctime(status['since'])})")
-    for name, url in status["sources"].items():
-        print(f"  source {name}: {url}")
-    print(f"  copy requests: {c['copy_requests']}, errors: {c['copy_errors']}")
-    for method, count in c["copies"].items():
-        print(f"  {method:>17}: {count} copies, {c['copy_bytes'][method]} bytes")
-    print(f"  read through FUSE: {c['fuse_read_bytes']} bytes, written: {c['fuse_write_bytes']} bytes")
-    for cp in status["copies_in_flight"]:
-        print(f"  in flight #{cp['id']}: {cp['method']} {cp['bytes_done']}/{cp['bytes_total']} bytes "
-              f"{cp['source']} -> {cp['destination']}")
+def do_status(mountpoint, as_json, watch=False):
+    from . import statusview  # rich: only a status needs it
+
+    def gather():
+        if mountpoint is not None:
+            return [read_status(mountpoint)]
+        found = []
+        for mp in fusemount.mounts():
+            try:
+                found.append(read_status(mp))
+            except UsageError as e:  # dead, or going away: say so, and go on with the others
+                found.append(str(e))
+        return found
+
+    if watch:
+        return statusview.watch(gather)
+    statuses = gather()
+    if not as_json:
+        print(statusview.text(statuses) if statuses else "no offloadfs mounts")
+    elif mountpoint is not None:
+        print(json.dumps(statuses[0], indent=2))
+    else:
+        for line in (s for s in statuses if isinstance(s, str)):
+            print(f"offloadfs: {line}", file=sys.stderr)
+        print(json.dumps([s for s in statuses if not isinstance(s, str)], indent=2))
     return 0
 
 
@@ -186,9 +196,10 @@ def _parser():
     u = sub.add_parser("umount", help="unmount MOUNTPOINT")
     u.add_argument("mountpoint")
     u.add_argument("-l", "--lazy", action="store_true", help="detach now, clean up when no longer busy")
-    s = sub.add_parser("status", help="copies in flight and counters of a mount")
-    s.add_argument("mountpoint")
+    s = sub.add_parser("status", help="copies in flight and counters of a mount, or of every mount")
+    s.add_argument("mountpoint", nargs="?")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--watch", action="store_true", help="redraw live, with progress bars")
     return p
 
 
@@ -202,7 +213,12 @@ def main(argv=None):
             return do_mount(source, args.args[-1], args.options, args.foreground, args.verbose)
         if args.command == "umount":
             return do_umount(args.mountpoint, args.lazy)
-        return do_status(args.mountpoint, args.json)
+        code = do_status(args.mountpoint, args.json, args.watch)
+        sys.stdout.flush()  # a reader gone (`| head`) shows here, not as a complaint at exit
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 128 + signal.SIGPIPE  # what the shell shows for a tool the closed pipe killed
     except (UsageError, OptionError, SourceError, fusemount.MountError, OSError) as e:
         return _fail(_describe(e))
     except KeyboardInterrupt:
