@@ -10,12 +10,13 @@ import argparse
 import errno
 import json
 import logging
-import logging.handlers
 import os
 import select
+import signal
 import sys
 import time
 
+from . import logs
 from .backends import SourceError
 from .fuse import mount as fusemount
 from .options import OptionError, parse
@@ -53,20 +54,7 @@ def _check_mountpoint(path):
         raise Failed(f"mountpoint {path}: already a mount point")
 
 
-def _setup_logging(debug, foreground):
-    level = logging.DEBUG if debug else logging.INFO
-    if foreground:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    elif os.path.exists("/dev/log"):
-        handler = logging.handlers.SysLogHandler("/dev/log")
-        handler.setFormatter(logging.Formatter("offloadfs[%(process)d]: %(message)s"))
-    else:
-        handler = logging.NullHandler()
-    logging.basicConfig(level=level, handlers=[handler], force=True)
-
-
-def do_mount(source, mountpoint, options, foreground, fake=False):
+def do_mount(source, mountpoint, options, foreground, fake=False, verbose=False):
     """Mount; ``fake`` (mount -f) checks the mountpoint and options and stops short of mounting."""
     from . import daemon
 
@@ -75,27 +63,30 @@ def do_mount(source, mountpoint, options, foreground, fake=False):
     _check_mountpoint(mountpoint)
     if fake:
         return 0
+    log = logs.choose(config.logfile, foreground)
+    if verbose:
+        print(f"offloadfs: {config.mountpoint}: logs go to {log.where}", flush=True)
     if foreground:
-        _setup_logging(config.debug, True)
+        log.install(config.debug)
         daemon.run(config, on_ready=lambda: None)
         return 0
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
-        _daemon_child(config, write_end)
+        _daemon_child(config, log, write_end)
     os.close(write_end)
     return _wait_ready(read_end, pid, config.mountpoint)
 
 
-def _daemon_child(config, ready_fd):
+def _daemon_child(config, log, ready_fd):
     from . import daemon
 
     os.setsid()
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    _setup_logging(config.debug, False)
+    log.install(config.debug)
 
     def on_ready():
         os.write(ready_fd, b"ok\n")
@@ -176,22 +167,31 @@ def read_status(mountpoint):
         raise UsageError(f"{mountpoint}: {e.strerror}") from None
 
 
-def do_status(mountpoint, as_json):
-    status = read_status(mountpoint)
-    if as_json:
-        print(json.dumps(status, indent=2))
-        return 0
-    c = status["counters"]
-    print(f"{status['mountpoint']} (pid {status['pid']}, mounted {time.ctime(status['since'])})")
-    for name, url in status["sources"].items():
-        print(f"  source {name}: {url}")
-    print(f"  copy requests: {c['copy_requests']}, errors: {c['copy_errors']}")
-    for method, count in c["copies"].items():
-        print(f"  {method:>17}: {count} copies, {c['copy_bytes'][method]} bytes")
-    print(f"  read through FUSE: {c['fuse_read_bytes']} bytes, written: {c['fuse_write_bytes']} bytes")
-    for cp in status["copies_in_flight"]:
-        print(f"  in flight #{cp['id']}: {cp['method']} {cp['bytes_done']}/{cp['bytes_total']} bytes "
-              f"{cp['source']} -> {cp['destination']}")
+def do_status(mountpoint, as_json, watch=False):
+    from . import statusview  # rich: only a status needs it
+
+    def gather():
+        if mountpoint is not None:
+            return [read_status(mountpoint)]
+        found = []
+        for mp in fusemount.mounts():
+            try:
+                found.append(read_status(mp))
+            except UsageError as e:  # dead, or going away: say so, and go on with the others
+                found.append(str(e))
+        return found
+
+    if watch:
+        return statusview.watch(gather)
+    statuses = gather()
+    if not as_json:
+        print(statusview.text(statuses) if statuses else "no offloadfs mounts")
+    elif mountpoint is not None:
+        print(json.dumps(statuses[0], indent=2))
+    else:
+        for line in (s for s in statuses if isinstance(s, str)):
+            print(f"offloadfs: {line}", file=sys.stderr)
+        print(json.dumps([s for s in statuses if not isinstance(s, str)], indent=2))
     return 0
 
 
@@ -226,6 +226,7 @@ MOUNT_OPTIONS = [
     ("writeback_cache", "the kernel caches writes and sends them in bulk"),
     ("attr_timeout=S, entry_timeout=S", "how long the kernel may cache attributes, names"),
     ("debug", "log every request"),
+    ("logfile=PATH", "log there, not to the journal, syslog or the default file"),
     ("source=NAME=SOURCE", "add SOURCE as top-level directory NAME (repeatable)"),
     ("config=FILE", "read sources from a TOML file's [sources] table"),
     ("SMB: credentials=FILE", "username=, password=, domain= lines; mode 0600"),
@@ -253,24 +254,28 @@ def _parser():
         "offloadfs mount nfs://filer/export/projects /mnt/projects -o soft",
         "offloadfs mount -o source=fast=/srv/btrfs,source=bulk=/srv/ext4 /mnt/all",
     ], _help("sources", SOURCES) + "\n" + _help("options (-o, comma-separated)", MOUNT_OPTIONS) + "\n")
-    m.usage = "offloadfs mount [-h] [-f] [-o OPTION[,OPTION...]] [SOURCE] MOUNTPOINT"
+    m.usage = "offloadfs mount [-h] [-f] [-v] [-o OPTION[,OPTION...]] [SOURCE] MOUNTPOINT"
     m.add_argument("args", nargs="+", metavar="[SOURCE] MOUNTPOINT",
                    help="SOURCE may be left out when -o source= or config= names the sources")
     m.add_argument("-o", dest="options", action="append", default=[], metavar="OPTION[,OPTION...]",
                    help="mount options, see below (repeatable)")
     m.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground, log to stderr")
+    m.add_argument("-v", "--verbose", action="store_true", help="say where the daemon logs")
     u = _subcommand(sub, "umount", "unmount MOUNTPOINT (also after its daemon was killed)", [
         "offloadfs umount /mnt/data",
         "offloadfs umount -l /mnt/data",
     ])
     u.add_argument("mountpoint", metavar="MOUNTPOINT", help="an offloadfs mount")
     u.add_argument("-l", "--lazy", action="store_true", help="detach now, clean up when no longer busy")
-    s = _subcommand(sub, "status", "copies in flight and counters of a mount", [
+    s = _subcommand(sub, "status", "copies in flight and counters of a mount, or of every mount", [
+        "offloadfs status",
         "offloadfs status /mnt/data",
+        "offloadfs status --watch /mnt/data",
         "offloadfs status /mnt/data --json",
     ])
-    s.add_argument("mountpoint", metavar="MOUNTPOINT", help="an offloadfs mount")
+    s.add_argument("mountpoint", metavar="MOUNTPOINT", nargs="?", help="an offloadfs mount (default: every one)")
     s.add_argument("--json", action="store_true", help="one JSON object (its keys are an interface)")
+    s.add_argument("--watch", action="store_true", help="redraw live, with progress bars")
     return p
 
 
@@ -278,6 +283,9 @@ def _run(command):
     """Run a command; what goes wrong is one line on stderr and mount(8)'s exit code."""
     try:
         return command()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 128 + signal.SIGPIPE  # what the shell shows for a tool the closed pipe killed
     except (UsageError, OptionError) as e:
         return _fail(_describe(e), EX_USAGE)
     except (Failed, SourceError, fusemount.MountError, OSError) as e:
@@ -294,10 +302,12 @@ def main(argv=None):
             if len(args.args) > 2:
                 raise UsageError("mount takes [SOURCE] MOUNTPOINT")
             source = args.args[0] if len(args.args) == 2 else None
-            return do_mount(source, args.args[-1], args.options, args.foreground)
+            return do_mount(source, args.args[-1], args.options, args.foreground, args.verbose)
         if args.command == "umount":
             return do_umount(args.mountpoint, args.lazy)
-        return do_status(args.mountpoint, args.json)
+        code = do_status(args.mountpoint, args.json, args.watch)
+        sys.stdout.flush()  # a reader gone (`| head`) shows here, not as a complaint at exit
+        return code
 
     return _run(command)
 
@@ -318,10 +328,10 @@ def mount_helper_main(argv=None):
     p.add_argument("-f", dest="fake", action="store_true", help="fake: check the options and MOUNTPOINT, mount nothing")
     p.add_argument("-s", action="store_true", help="sloppy (accepted; unknown options are still refused)")
     p.add_argument("-n", action="store_true", help="no mtab (there is none to write)")
-    p.add_argument("-v", action="store_true", help="verbose (accepted, ignored)")
+    p.add_argument("-v", action="store_true", help="verbose: say where the daemon logs")
     p.add_argument("-t", dest="type", metavar="TYPE", help="offloadfs or fuse.offloadfs (ignored)")
     p.add_argument("-N", dest="namespace", metavar="NS", help="mount namespace (accepted, ignored)")
     args = p.parse_args(argv)
     # fstab needs a first field; with source=/config= options it is only a label.
     source = None if args.source in ("offloadfs", "none") else args.source
-    return _run(lambda: do_mount(source, args.mountpoint, args.options, False, fake=args.fake))
+    return _run(lambda: do_mount(source, args.mountpoint, args.options, False, fake=args.fake, verbose=args.v))

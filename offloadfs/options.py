@@ -18,7 +18,7 @@ IGNORED = {"defaults", "auto", "noauto", "nofail", "_netdev", "user", "users", "
 IGNORED_PREFIXES = ("x-", "comment=")
 # The core's own options (FLAG_OPTIONS aside); backends list theirs in their OPTIONS.
 FLAGS = ("allow_other", "default_permissions", "debug", "passthrough", "writeback_cache")
-VALUED = ("uid", "gid", "umask", "attr_timeout", "entry_timeout", "offload", "source", "config")
+VALUED = ("uid", "gid", "umask", "attr_timeout", "entry_timeout", "offload", "source", "config", "logfile")
 
 
 class OptionError(ValueError):
@@ -35,6 +35,7 @@ class MountConfig:
     debug: bool = False
     passthrough: bool = False
     writeback_cache: bool = False
+    logfile: str = None  # where the daemon logs instead of the journal, syslog or the default file
     fs: Options = field(default_factory=Options)
     backend_options: dict = field(default_factory=dict)  # name -> value, or True for a flag
 
@@ -61,6 +62,14 @@ def _seconds(name, value):
     if not 0 <= t <= 86400:
         raise OptionError(f"option {name}={value}: must be between 0 and 86400 seconds")
     return t
+
+
+def _logfile(value):
+    """Absolute (`mount -v` shows it), in a directory that exists: a typo is one line, nothing mounted."""
+    path = os.path.abspath(value)
+    if not os.path.isdir(os.path.dirname(path)):
+        raise OptionError(f"option logfile={value}: {os.path.dirname(path)}: no such directory")
+    return path
 
 
 def _add_source(config, name, url):
@@ -120,6 +129,8 @@ def parse(mountpoint, source, option_strings):
             _add_source(config, src_name, url)
         elif name == "config" and eq:
             read_config_file(config, value)
+        elif name == "logfile" and eq:
+            config.logfile = _logfile(value)
         elif name == "offload":
             raise OptionError(f"option {opt}: use offload=on or offload=off")
         elif name in VALUED:

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 METHODS = ("clone", "server_copy", "inter_server_copy", "stream")
+OFFLOADS = METHODS[:-1]  # the methods whose bytes the daemon never reads nor writes
 
 
 @dataclass(slots=True)
@@ -61,6 +62,7 @@ class Stats:
             self.copy_errors += 1
 
     def snapshot(self):
+        now = time.time()
         return {
             "pid": os.getpid(),
             "mountpoint": self.mountpoint,
@@ -68,7 +70,8 @@ class Stats:
             "since": self.since,
             "copies_in_flight": [
                 {"id": c.id, "method": c.method, "source": c.source, "destination": c.destination,
-                 "bytes_done": c.bytes_done, "bytes_total": c.bytes_total, "started": c.started}
+                 "bytes_done": c.bytes_done, "bytes_total": c.bytes_total, "started": c.started,
+                 **progress(c.bytes_done, c.bytes_total, c.started, now)}
                 for c in self.in_flight.values()],
             "counters": {
                 "copies": dict(self.copies),
@@ -80,5 +83,19 @@ class Stats:
                 "listings": self.listings,
                 "lookups": self.lookups,
                 "lookups_absent": self.lookups_absent,
+                "bytes_kept_off_network": kept_off_network(self.copy_bytes),
             },
         }
+
+
+def progress(done, total, started, now):
+    """Rate over the copy's whole life so far, and the time left at that rate (None before a byte moved)."""
+    elapsed = now - started
+    rate = done / elapsed if elapsed > 0 else 0.0
+    return {"bytes_per_second": rate, "seconds_left": (total - done) / rate if rate else None}
+
+
+def kept_off_network(copy_bytes):
+    """Streamed, each byte of an offloaded copy would have been read from the source and written to
+    the destination: twice across the client's link (on a local source: through the daemon)."""
+    return 2 * sum(copy_bytes.get(m, 0) for m in OFFLOADS)

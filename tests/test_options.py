@@ -40,3 +40,11 @@ def test_bad_config_file(tmp_path):
     cfg.write_text("sources = 3\n")
     with pytest.raises(OptionError, match=r"\[sources\] table"):
         parse("/mnt", None, [f"config={cfg}"])
+
+
+def test_logfile(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert parse("/mnt", "/srv", ["logfile=o.log"]).logfile == str(tmp_path / "o.log")
+    assert parse("/mnt", "/srv", []).logfile is None
+    with pytest.raises(OptionError, match=r"option logfile=/nowhere/o.log: /nowhere: no such directory"):
+        parse("/mnt", "/srv", ["logfile=/nowhere/o.log"])

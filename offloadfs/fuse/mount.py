@@ -119,12 +119,14 @@ def is_mounted(mountpoint):
     Resolving the path here would stat the mount itself: from inside the
     daemon that is a request to ourselves, which we could never answer.
     """
+    return mountpoint in mounts()
+
+
+def mounts():
+    """The mountpoints of every offloadfs mount in this mount namespace, in mount order."""
     with open("/proc/self/mounts") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) > 2 and _unescape(fields[1]) == mountpoint and fields[2].endswith("offloadfs"):
-                return True
-    return False
+        return [_unescape(fields[1]) for fields in map(str.split, f)
+                if len(fields) > 2 and fields[2] == "fuse.offloadfs"]
 
 
 def _unescape(field):

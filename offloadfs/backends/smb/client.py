@@ -16,7 +16,8 @@ what was in flight fails with EIO and one line that says why.
 
 After a drop the next request reconnects, at once if the connection had
 served requests, else after a delay that doubles per failure (up to
-RECONNECT_DELAY_MAX; requests meanwhile fail at once).  Handles are then
+RECONNECT_DELAY_MAX; requests meanwhile wait for the next try if it is
+due within RETRY_WAIT, else fail at once).  Handles are then
 stale (``generation`` tells the backend so): durable ones are reconnected,
 others reopened by path.  Each connection has an oplocks.Listener for the
 oplock breaks that durable handles bring.  Each has a client GUID of its
@@ -56,6 +57,9 @@ SPARE_CREDITS = 8  # never spent: smbprotocol's own requests (tree connect, keep
 CREDIT_SIZE = 65536
 RECONNECT_DELAY_MIN = 0.05  # seconds before the first retry once a connection failed without serving
 RECONNECT_DELAY_MAX = 5
+# A request finding the next try this near waits for it: a server that has just come back
+# is then reached by the first request after it, not the first after the delay.
+RETRY_WAIT = 1
 LOG_INTERVAL = 10  # seconds between two log lines about one server's connections
 MIN_IO_SIZE = 65536  # the least a server may offer as its largest read, write or transaction
 # A reply frame may hold the largest read the server allows plus headers: its SMB2 header and
@@ -245,8 +249,9 @@ class Client:
                     # It failed while we waited: say so now instead of queueing one more try.
                     raise ConnectionLost(self._last_failure)
                 wait = self._not_before - trio.current_time()
-                if wait > 0:
+                if wait > RETRY_WAIT:
                     raise ConnectionLost(f"{self._last_failure} (next try in {wait:.1f} s)")
+                await trio.sleep(max(0, wait))
                 try:
                     await self._connect()
                 except OSError as e:

@@ -1,0 +1,102 @@
+"""`offloadfs status` for people: a mount's counters and its copies in flight, once or live (--watch).
+
+Works from the JSON snapshot alone (README, "Status"); rate and time left are
+worked out here from ``bytes_done`` and ``started`` as the daemon does, so a
+daemon started before an upgrade still shows them.
+"""
+import os
+import time
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from .stats import kept_off_network, progress
+
+WATCH_INTERVAL = 0.5
+
+
+def size(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def duration(seconds):
+    if seconds is None:
+        return "?"
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _header(status):
+    c = status["counters"]
+    lines = [f"{status['mountpoint']}: pid {status['pid']}, mounted {time.ctime(status['since'])}, "
+             f"up {duration(time.time() - status['since'])}"]
+    lines += [f"  source {name}: {url}" for name, url in status["sources"].items()]
+    lines.append(f"  copies: {c['copy_requests']} requests, {c['copy_errors']} errors, "
+                 f"{size(kept_off_network(c['copy_bytes']))} kept off the network")
+    lines += [f"    {method:<18} {count:>6} copies {size(c['copy_bytes'][method]):>12}"
+              for method, count in c["copies"].items()]
+    lines.append(f"  through FUSE: {size(c['fuse_read_bytes'])} read, {size(c['fuse_write_bytes'])} written")
+    return lines
+
+
+def _copy(status, cp):
+    """(the copy's first line, its progress line without the bar)."""
+    mp = status["mountpoint"]
+    p = progress(cp["bytes_done"], cp["bytes_total"], cp["started"], time.time())
+    percent = 100 * cp["bytes_done"] // cp["bytes_total"] if cp["bytes_total"] else 100
+    return (f"#{cp['id']} {cp['method']} {os.path.join(mp, cp['source'])} -> {os.path.join(mp, cp['destination'])}",
+            f"{percent}% {size(cp['bytes_done'])} of {size(cp['bytes_total'])}, "
+            f"{size(p['bytes_per_second'])}/s, {duration(p['seconds_left'])} left")
+
+
+def text(statuses):
+    """The view of each mount (a status dict, or a line saying why there is none), as plain text."""
+    lines = []
+    for status in statuses:
+        if isinstance(status, str):
+            lines.append(status)
+            continue
+        lines += _header(status)
+        if status["copies_in_flight"]:
+            lines.append("  in flight:")
+        for cp in status["copies_in_flight"]:
+            what, how = _copy(status, cp)
+            lines += [f"    {what}", f"       {how}"]
+    return "\n".join(lines)
+
+
+def _live(statuses):
+    parts = []
+    for status in statuses:
+        if isinstance(status, str):
+            parts.append(Text(status))
+            continue
+        parts.append(Text("\n".join(_header(status))))
+        for cp in status["copies_in_flight"]:
+            what, how = _copy(status, cp)
+            bars = Table.grid(padding=(0, 1))
+            bars.add_row("     ", ProgressBar(total=max(cp["bytes_total"], 1), completed=cp["bytes_done"], width=40),
+                         how)
+            parts += [Text(f"    {what}"), bars]
+    return Group(*parts)
+
+
+def watch(gather):
+    """Redraw ``gather()`` until interrupted; an error from it (the mount went away) ends the watch."""
+    with Live(_live(gather()), console=Console(), auto_refresh=False) as live:
+        try:
+            while True:
+                time.sleep(WATCH_INTERVAL)
+                live.update(_live(gather()), refresh=True)
+        except KeyboardInterrupt:
+            return 0
