@@ -141,10 +141,21 @@ def _wait_ready(fd, pid, mountpoint):
     return _fail(msg)
 
 
-def do_umount(mountpoint, lazy):
+def do_umount(mountpoint, lazy, force=False):
     mountpoint = os.path.realpath(mountpoint)
-    if not fusemount.is_mounted(mountpoint):
+    here = fusemount.is_mounted(mountpoint)
+    dev = fusemount.device(mountpoint) if here else None
+    elsewhere = fusemount.holders(mountpoint, dev)
+    if not here and not elsewhere:
         raise UsageError(f"{mountpoint}: not an offloadfs mount")
+    if force:
+        fusemount.force_unmount(mountpoint, elsewhere)
+        return 0
+    if elsewhere:
+        holders = ", ".join(f"pid {pid} {_comm(pid)}" for pid, _, _ in elsewhere[:3])
+        what = "also mounted" if here else "not mounted here, but the daemon still serves it"
+        raise UsageError(f"{mountpoint}: {what} in {len(elsewhere)} other mount namespace(s) ({holders}); "
+                         f"'offloadfs umount --force {mountpoint}' ends it everywhere")
     try:
         fusemount.unmount(mountpoint, lazy=lazy)
     except OSError as e:
@@ -153,6 +164,14 @@ def do_umount(mountpoint, lazy):
                              f"'offloadfs umount -l' detaches it now") from None
         raise UsageError(str(e)) from None
     return 0
+
+
+def _comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "(gone)"
 
 
 def read_status(mountpoint):
@@ -195,6 +214,8 @@ def _parser():
     u = sub.add_parser("umount", help="unmount MOUNTPOINT")
     u.add_argument("mountpoint")
     u.add_argument("-l", "--lazy", action="store_true", help="detach now, clean up when no longer busy")
+    u.add_argument("--force", action="store_true",
+                   help="end the daemon, even if busy or other mount namespaces hold the mount")
     s = sub.add_parser("status", help="copies in flight and counters of a mount")
     s.add_argument("mountpoint")
     s.add_argument("--json", action="store_true")
@@ -210,7 +231,7 @@ def main(argv=None):
             source = args.args[0] if len(args.args) == 2 else None
             return do_mount(source, args.args[-1], args.options, args.foreground)
         if args.command == "umount":
-            return do_umount(args.mountpoint, args.lazy)
+            return do_umount(args.mountpoint, args.lazy, args.force)
         return do_status(args.mountpoint, args.json)
     except (UsageError, OptionError, SourceError, fusemount.MountError, OSError) as e:
         return _fail(_describe(e))
