@@ -12,6 +12,7 @@ The session's nfsd guest exports an xfs without reflink (see nfskit): its
 COPY copies the bytes in the guest, slowly enough under TCG to be watched.
 """
 
+import contextlib
 import errno
 import os
 import signal
@@ -21,7 +22,7 @@ import time
 
 import nfskit
 import pytest
-from mpkit import MiB, sh, sha256, write_file
+from mpkit import MiB, gone, sh, sha256, write_file
 
 from offloadfs.cli import read_status
 from offloadfs.lab.ganesha import ganesha_lab
@@ -174,6 +175,29 @@ def test_interrupted_cp_returns_at_once_while_nfsd_is_stalled(nfsd, mount_on):
     digest = write_file(mnt.path / "small", 3 * MiB + 1)
     sh("cp", mnt.path / "small", mnt.path / "small-copy")
     assert sha256(mnt.backing / "small-copy") == digest
+
+
+def test_sigterm_ends_the_daemon_while_nfsd_is_stalled(nfsd, mount_on):
+    """Closing an open file and the session cannot finish while the server does not answer: the daemon
+    still ends within 5 s of SIGTERM."""
+    _, lab = nfsd
+    mnt = mount_on("nfsd")
+    pid = mnt.status()["pid"]
+    fd = os.open(mnt.path / "open", os.O_WRONLY | os.O_CREAT)
+    os.write(fd, b"unstable" * 1000)
+    guest = lab.guest.process
+    guest.send_signal(signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        while not gone(pid):
+            assert time.monotonic() - start < 10, "the daemon is still there 10 s after SIGTERM"
+            time.sleep(0.05)
+        print(f"daemon ended {time.monotonic() - start:.2f} s after SIGTERM, the server stalled")
+    finally:
+        guest.send_signal(signal.SIGCONT)
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def layout(path):

@@ -6,6 +6,7 @@ import math
 import os
 import resource
 import signal
+import threading
 
 import trio
 
@@ -22,6 +23,7 @@ READAHEAD_KIB = 4096  # sequential reads arrive as 1 MiB READs, several ahead of
 
 STOP_WITHIN = 4.5  # seconds from SIGTERM to the end: flush and unmount, abort if need be, close the sources
 UNMOUNT_WITHIN = 2.5  # of which the flush, the unmount and the kernel ending the session itself
+OVERDUE = 0.3  # past STOP_WITHIN, the process ends whatever still waits
 
 
 def keep_buffers_on_the_heap():
@@ -62,12 +64,25 @@ class _Stopper:
             async for signum in signals:
                 log.info("%s: unmounting %s", signal.Signals(signum).name, self.mountpoint)
                 self.deadline = trio.current_time() + STOP_WITHIN
+                self._watchdog()
                 with trio.move_on_after(UNMOUNT_WITHIN):
                     await self._unmount()
                     await trio.sleep_forever()  # till the kernel ends the session
                 self._abort(serving)
                 break
             await trio.sleep_forever()  # later signals change nothing: we are stopping
+
+    def _watchdog(self):
+        """Closing the sources can outlast the deadline (a stalled server, cleanups that shield
+        themselves): then the process ends anyway, a little after it."""
+        def overdue():
+            log.error("sources not closed %g s after the signal (server not answering): exiting", STOP_WITHIN)
+            logging.shutdown()
+            os._exit(1)
+
+        timer = threading.Timer(STOP_WITHIN + OVERDUE, overdue)
+        timer.daemon = True
+        timer.start()
 
     async def _unmount(self):
         # In threads: the kernel wants answers from us while it flushes and unmounts.
