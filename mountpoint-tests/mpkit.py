@@ -63,6 +63,15 @@ def sh(*cmd, **kwargs):
     return proc.stdout
 
 
+def gone(pid):
+    """The process ended (a zombie counts: init here reaps only now and then)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -2,16 +2,20 @@
 
 A cp killed in the middle of a long copy has to die promptly (the daemon
 must answer the kernel's interrupt), and a killed daemon must leave a mount
-that reports ENOTCONN and that `offloadfs umount` can clean up.
+that reports ENOTCONN and that `offloadfs umount` can clean up. A daemon
+another mount namespace holds a copy of the mount for still ends on SIGTERM
+within 5 s, and `offloadfs umount` tells of such namespaces (`--force` ends it).
 """
 
+import contextlib
 import errno
 import os
 import signal
 import subprocess
 import time
 
-from mpkit import GiB, MiB, sh, sha256, write_file
+import pytest
+from mpkit import GiB, MiB, gone, sh, sha256, write_file
 
 from offloadfs.lab.loopfs import is_mounted
 from offloadfs.lab.mount import offloadfs_cli
@@ -67,3 +71,67 @@ def test_killed_daemon_gives_enotconn_and_umount_cleans(mnt):
     assert proc.returncode == 0, proc.stderr
     assert not is_mounted(mnt.path)
     assert os.listdir(mnt.path) == []
+
+
+def hold_in_another_namespace(path):
+    """A process in a mount namespace of its own, made while `path` is mounted: it holds a copy of the mount
+    (as any `ip netns exec` or container started then would)."""
+    holder = subprocess.Popen(["unshare", "-m", "sleep", "600"])
+    wait_until(lambda: is_mounted_in(holder.pid, path), 5, "the other namespace to exist")
+    return holder
+
+
+def is_mounted_in(pid, path):
+    try:
+        with open(f"/proc/{pid}/mountinfo") as f:
+            return any(line.split()[4] == str(path) for line in f)
+    except FileNotFoundError:
+        return False
+
+
+def test_sigterm_ends_a_daemon_another_namespace_holds(backing, mount):
+    """The daemon's own unmount cannot end the connection while another namespace holds a copy
+    (nor while a file is open): SIGTERM must still flush what the kernel holds and end the daemon
+    within 5 s."""
+    source = backing("ext4")
+    mnt = mount(source, options=["writeback_cache"])
+    pid = mnt.status()["pid"]
+    holder = hold_in_another_namespace(mnt.path)
+    fd = os.open(mnt.path / "written", os.O_WRONLY | os.O_CREAT)
+    try:
+        os.write(fd, b"kept" * 1000)  # with writeback_cache and the file open, only the kernel has it
+        start = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        wait_until(lambda: gone(pid), 10, "the daemon to end after SIGTERM")
+        print(f"daemon ended {time.monotonic() - start:.2f} s after SIGTERM")
+    finally:
+        holder.kill()
+        holder.wait()
+        with contextlib.suppress(OSError):
+            os.close(fd)  # ENOTCONN: the connection was aborted
+    assert (source / "written").read_bytes() == b"kept" * 1000
+    assert not is_mounted(mnt.path)
+
+
+@pytest.mark.parametrize("unmounted_here", [False, True])
+def test_umount_tells_of_other_namespaces_and_force_ends_the_daemon(mnt, unmounted_here):
+    """umount refuses while another namespace holds a copy (the daemon would serve on), and says so;
+    --force ends the daemon, also when only the other namespace still has the mount (umount(8) here)."""
+    pid = mnt.status()["pid"]
+    holder = hold_in_another_namespace(mnt.path)
+    try:
+        if unmounted_here:
+            sh("umount", mnt.path)
+            time.sleep(0.5)
+        proc = offloadfs_cli("umount", mnt.path)
+        print(proc.stderr)
+        assert proc.returncode == 1, "umount claimed success with the daemon still serving another namespace"
+        assert "other mount namespace" in proc.stderr and "--force" in proc.stderr, proc.stderr
+        assert is_mounted(mnt.path) != unmounted_here and not gone(pid), "a refused umount changed something"
+        proc = offloadfs_cli("umount", "--force", mnt.path)
+        assert proc.returncode == 0, proc.stderr
+        wait_until(lambda: gone(pid), 10, "the daemon to end after umount --force")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not is_mounted(mnt.path)

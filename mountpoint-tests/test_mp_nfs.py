@@ -12,15 +12,17 @@ The session's nfsd guest exports an xfs without reflink (see nfskit): its
 COPY copies the bytes in the guest, slowly enough under TCG to be watched.
 """
 
+import contextlib
 import errno
 import os
+import signal
 import subprocess
 import threading
 import time
 
 import nfskit
 import pytest
-from mpkit import MiB, sh, sha256, write_file
+from mpkit import MiB, gone, sh, sha256, write_file
 
 from offloadfs.cli import read_status
 from offloadfs.lab.ganesha import ganesha_lab
@@ -136,6 +138,66 @@ def test_killing_cp_cancels_the_async_copy(nfsd, mount_on):
     sh("cp", mnt.path / "small", mnt.path / "small-copy")
     assert sha256(mnt.backing / "small-copy") == digest
     assert read_status(mnt.path)["copies_in_flight"] == []
+
+
+def test_interrupted_cp_returns_at_once_while_nfsd_is_stalled(nfsd, mount_on):
+    """The interrupted COPY is answered at once and the OFFLOAD_CANCEL goes in the background: a server
+    that does not answer must not hold up the cp, and the mount goes on working once it answers again."""
+    _, lab = nfsd
+    mnt = mount_on("nfsd")
+    cp, _ = start_slow_copy(mnt)
+    deadline = time.monotonic() + HANG_BOUND
+    while not read_status(mnt.path)["copies_in_flight"][0]["bytes_done"]:  # the COPY is answered: asynchronous
+        assert time.monotonic() < deadline and cp.poll() is None, "no progress of the asynchronous copy"
+        time.sleep(0.05)
+    guest = lab.guest.process
+    guest.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(0.5)
+        interrupted = time.monotonic()
+        cp.send_signal(signal.SIGINT)
+        try:
+            cp.wait(HANG_BOUND)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"cp still alive {HANG_BOUND} s after SIGINT") from None
+        took = time.monotonic() - interrupted
+    finally:
+        guest.send_signal(signal.SIGCONT)
+    print(f"cp returned {took:.2f} s after SIGINT with the server stalled")
+    assert took < 3, f"cp took {took:.2f} s to return after SIGINT (should be under 1 s)"
+    deadline = time.monotonic() + HANG_BOUND
+    while read_status(mnt.path)["copies_in_flight"]:
+        assert time.monotonic() < deadline, "the copy is still in flight after cp died"
+        time.sleep(0.05)
+    # Whether the background OFFLOAD_CANCEL beat the COPYs in flight to their ends depends on the timing:
+    # cut short, they leave holes (tests/test_nfs_copy.py asserts the cancel is sent until answered).
+    print(f"copy: data at {layout(mnt.backing / 'copy')}")
+    digest = write_file(mnt.path / "small", 3 * MiB + 1)
+    sh("cp", mnt.path / "small", mnt.path / "small-copy")
+    assert sha256(mnt.backing / "small-copy") == digest
+
+
+def test_sigterm_ends_the_daemon_while_nfsd_is_stalled(nfsd, mount_on):
+    """Closing an open file and the session cannot finish while the server does not answer: the daemon
+    still ends within 5 s of SIGTERM."""
+    _, lab = nfsd
+    mnt = mount_on("nfsd")
+    pid = mnt.status()["pid"]
+    fd = os.open(mnt.path / "open", os.O_WRONLY | os.O_CREAT)
+    os.write(fd, b"unstable" * 1000)
+    guest = lab.guest.process
+    guest.send_signal(signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        while not gone(pid):
+            assert time.monotonic() - start < 10, "the daemon is still there 10 s after SIGTERM"
+            time.sleep(0.05)
+        print(f"daemon ended {time.monotonic() - start:.2f} s after SIGTERM, the server stalled")
+    finally:
+        guest.send_signal(signal.SIGCONT)
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def layout(path):

@@ -142,18 +142,37 @@ def _wait_ready(fd, pid, mountpoint):
     return _fail(msg)
 
 
-def do_umount(mountpoint, lazy):
+def do_umount(mountpoint, lazy, force=False):
     mountpoint = os.path.realpath(mountpoint)
-    if not fusemount.is_mounted(mountpoint):
+    here = fusemount.is_mounted(mountpoint)
+    dev = fusemount.device(mountpoint) if here else None
+    elsewhere = fusemount.holders(mountpoint, dev)
+    if not here and not elsewhere:
         raise Failed(f"{mountpoint}: not an offloadfs mount")
+    if force:
+        fusemount.force_unmount(mountpoint, elsewhere)
+        return 0
+    if elsewhere:
+        holders = ", ".join(f"pid {pid} {_comm(pid)}" for pid, _, _ in elsewhere[:3])
+        what = "also mounted" if here else "not mounted here, but the daemon still serves it"
+        raise Failed(f"{mountpoint}: {what} in {len(elsewhere)} other mount namespace(s) ({holders}); "
+                     f"'offloadfs umount --force {mountpoint}' ends it everywhere")
     try:
         fusemount.unmount(mountpoint, lazy=lazy)
     except OSError as e:
         if e.errno == errno.EBUSY:
             raise Failed(f"{mountpoint}: busy (files open or a process inside); "
-                             f"'offloadfs umount -l' detaches it now") from None
+                         f"'offloadfs umount -l' detaches it now") from None
         raise Failed(str(e)) from None
     return 0
+
+
+def _comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "(gone)"
 
 
 def read_status(mountpoint):
@@ -264,9 +283,12 @@ def _parser():
     u = _subcommand(sub, "umount", "unmount MOUNTPOINT (also after its daemon was killed)", [
         "offloadfs umount /mnt/data",
         "offloadfs umount -l /mnt/data",
+        "offloadfs umount --force /mnt/data",
     ])
     u.add_argument("mountpoint", metavar="MOUNTPOINT", help="an offloadfs mount")
     u.add_argument("-l", "--lazy", action="store_true", help="detach now, clean up when no longer busy")
+    u.add_argument("--force", action="store_true",
+                   help="end the daemon, even if busy or other mount namespaces hold the mount")
     s = _subcommand(sub, "status", "copies in flight and counters of a mount, or of every mount", [
         "offloadfs status",
         "offloadfs status /mnt/data",
@@ -304,7 +326,7 @@ def main(argv=None):
             source = args.args[0] if len(args.args) == 2 else None
             return do_mount(source, args.args[-1], args.options, args.foreground, args.verbose)
         if args.command == "umount":
-            return do_umount(args.mountpoint, args.lazy)
+            return do_umount(args.mountpoint, args.lazy, args.force)
         code = do_status(args.mountpoint, args.json, args.watch)
         sys.stdout.flush()  # a reader gone (`| head`) shows here, not as a complaint at exit
         return code

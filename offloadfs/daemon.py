@@ -1,10 +1,12 @@
-"""The daemon: open the sources, mount, serve until unmounted, and unmount on signals."""
+"""The daemon: open the sources, mount, serve until unmounted, and stop on signals."""
 import ctypes
 import errno
 import logging
+import math
 import os
 import resource
 import signal
+import threading
 
 import trio
 
@@ -18,6 +20,10 @@ log = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt(3)
 READAHEAD_KIB = 4096  # sequential reads arrive as 1 MiB READs, several ahead of the reader (+14 % on tmpfs)
+
+STOP_WITHIN = 4.5  # seconds from SIGTERM to the end: flush and unmount, abort if need be, close the sources
+UNMOUNT_WITHIN = 2.5  # of which the flush, the unmount and the kernel ending the session itself
+OVERDUE = 0.3  # past STOP_WITHIN, the process ends whatever still waits
 
 
 def keep_buffers_on_the_heap():
@@ -52,19 +58,73 @@ def forget_passwd():
             ctypes.memset(address, 0, len(entry))
 
 
-async def _unmount_on_signal(mountpoint):
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        async for signum in signals:
-            log.info("%s: unmounting %s", signal.Signals(signum).name, mountpoint)
-            # In a thread: the kernel may want answers from us while it unmounts.
+class _Stopper:
+    """SIGTERM, SIGINT or SIGHUP: end the daemon within STOP_WITHIN seconds, whoever holds the mount.
+
+    Our unmount ends the connection only if no other mount namespace holds a
+    copy (anything started with `unshare -m` or `ip netns exec` while we were
+    mounted), and a lazy one only once the last open file closes.  So: flush
+    the kernel's dirty pages, unmount here, give the kernel a moment, then
+    abort the connection (fusectl) and close the sources in what time is left.
+    """
+
+    def __init__(self, mountpoint):
+        self.mountpoint = mountpoint
+        self.dev = None  # the mount's device: its connection in fusectl, found while still mounted here
+        self.deadline = math.inf  # for closing the sources, once a signal came
+
+    async def run(self, serving):
+        """Stop on the first signal; ``serving`` (the session's cancel scope) ends the session
+        if aborting cannot, and its cancellation ends this task once the session is over."""
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                log.info("%s: unmounting %s", signal.Signals(signum).name, self.mountpoint)
+                self.deadline = trio.current_time() + STOP_WITHIN
+                self._watchdog()
+                with trio.move_on_after(UNMOUNT_WITHIN):
+                    await self._unmount()
+                    await trio.sleep_forever()  # till the kernel ends the session
+                self._abort(serving)
+                break
+            await trio.sleep_forever()  # later signals change nothing: we are stopping
+
+    def _watchdog(self):
+        """Closing the sources can outlast the deadline (a stalled server, cleanups that shield
+        themselves): then the process ends anyway, a little after it."""
+        def overdue():
+            log.error("sources not closed %g s after the signal (server not answering): exiting", STOP_WITHIN)
+            logging.shutdown()
+            os._exit(1)
+
+        timer = threading.Timer(STOP_WITHIN + OVERDUE, overdue)
+        timer.daemon = True
+        timer.start()
+
+    async def _unmount(self):
+        # In threads: the kernel wants answers from us while it flushes and unmounts.
+        try:
+            await trio.to_thread.run_sync(fusemount.flush, self.mountpoint, abandon_on_cancel=True)
+        except OSError as e:
+            log.warning("%s", e)
+        for lazy in (False, True):
             try:
-                await trio.to_thread.run_sync(fusemount.unmount, mountpoint)
+                await trio.to_thread.run_sync(lambda: fusemount.unmount(self.mountpoint, lazy=lazy),
+                                              abandon_on_cancel=True)
+                return
             except OSError as e:
                 if e.errno != errno.EBUSY:
-                    log.error("%s", e)
-                    continue
-                # Busy: detach now; open files keep being served until closed.
-                await trio.to_thread.run_sync(lambda: fusemount.unmount(mountpoint, lazy=True))
+                    log.warning("%s", e)
+                    return
+                # Busy: detach now, serve the open files a moment longer.
+
+    def _abort(self, serving):
+        log.warning("%s still in use (open files, or other mount namespaces hold it): aborting its FUSE "
+                    "connection", self.mountpoint)
+        try:
+            fusemount.abort(self.dev)
+        except OSError as e:
+            log.error("%s; closing /dev/fuse instead", e)
+            serving.cancel()
 
 
 async def serve(config, on_ready):
@@ -75,6 +135,7 @@ async def serve(config, on_ready):
     stats = Stats(config.mountpoint, dict(config.sources))
     fs = Filesystem(backends, config.fs, stats)
     await fs.start()
+    stopper = _Stopper(config.mountpoint)
     fd = fusemount.mount(config.mountpoint, fsname=config.fsname, flags=config.flags,
                          allow_other=config.allow_other, default_permissions=config.default_permissions)
     session = Session(fd, fs, writeback_cache=config.writeback_cache, passthrough=config.passthrough,
@@ -86,15 +147,16 @@ async def serve(config, on_ready):
         on_ready()
 
     try:
+        stopper.dev = fusemount.device(config.mountpoint)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_unmount_on_signal, config.mountpoint)
+            nursery.start_soon(stopper.run, nursery.cancel_scope)
             await session.serve(ready)
             nursery.cancel_scope.cancel()
     finally:
         if fusemount.is_mounted(config.mountpoint):
             fusemount.unmount(config.mountpoint, lazy=True)  # we failed: leave no dead mount behind
         os.close(fd)
-        with trio.CancelScope(shield=True):
+        with trio.CancelScope(shield=True, deadline=stopper.deadline):
             await fs.close()
     log.info("unmounted %s", config.mountpoint)
 

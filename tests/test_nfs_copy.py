@@ -4,6 +4,8 @@ A real server's copies on xfs finish at once (reflinks), so the waits, the
 late or missing callback and the cancellation are driven here, on trio's
 mock clock.
 """
+import errno
+
 import pytest
 import trio
 import trio.testing
@@ -117,19 +119,32 @@ def test_status_reporting_completion_and_failure_with_progress():
     run(main)
 
 
-def test_cancelled_wait_cancels_the_copy_on_the_server():
+def test_cancelled_wait_ends_at_once_and_cancels_the_copy_in_the_background():
+    """An interrupted cp must not wait on a stalled server: the wait ends with the cancellation, and
+    OFFLOAD_CANCEL is sent again and again until the server answers."""
     async def main():
+        stalled = 3
+
         async def answer(op):
+            nonlocal stalled
             if isinstance(op, ops.OffloadStatus):
                 return 1, None
             assert isinstance(op, ops.OffloadCancel) and op.stateid == SID
+            if stalled:
+                stalled -= 1
+                await trio.sleep(10)
+                raise OSError(errno.ETIMEDOUT, "no answer (soft mount)")
             return None
 
         b = backend(answer)
-        with trio.move_on_after(30):
-            await b._await_offload(FakeFile, SID)
-        assert isinstance(b.calls[-1], ops.OffloadCancel)
-        assert not b.client.offloads
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            b.client._nursery = nursery
+            with trio.move_on_after(30):
+                await b._await_offload(FakeFile, SID)
+            assert trio.current_time() - start == 30, "the cancelled wait waited for the server"
+            assert not b.client.offloads
+        assert [type(c) for c in b.calls].count(ops.OffloadCancel) == 4
     run(main)
 
 

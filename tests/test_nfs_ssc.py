@@ -180,8 +180,10 @@ def test_cancelled_pull_cancels_the_copy_and_the_notification():
             assert isinstance(op, ops.OffloadCancel) and op.stateid == COPY_SID
 
         src, dst = source(), server("10.0.0.2", copy)
-        with trio.move_on_after(30) as timer:
-            await dst.inter_server_copy(src, FakeFile(b"src-fh"), 0, FakeFile(b"dst-fh"), 0, 1 << 30)
+        async with trio.open_nursery() as nursery:  # the client's, where the cancel goes out
+            dst.client._nursery = nursery
+            with trio.move_on_after(30) as timer:
+                await dst.inter_server_copy(src, FakeFile(b"src-fh"), 0, FakeFile(b"dst-fh"), 0, 1 << 30)
         assert timer.cancelled_caught
         assert isinstance(dst.sent[-1][-1], ops.OffloadCancel)
         assert isinstance(src.sent[-1][-1], ops.OffloadCancel)

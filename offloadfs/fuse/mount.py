@@ -4,11 +4,13 @@ As root we open /dev/fuse and call mount(2) ourselves; otherwise the setuid
 ``fusermount3`` mounts for us and hands the device fd back over a unix
 socket (the _FUSE_COMMFD handshake), which is what libfuse does too.
 """
+import contextlib
 import ctypes
 import os
 import socket
 import stat
 import subprocess
+import threading
 
 MS_RDONLY = 1
 MS_NOSUID = 2
@@ -24,10 +26,13 @@ FLAG_OPTIONS = {
     "sync": MS_SYNCHRONOUS, "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME,
 }
 FUSERMOUNT = "fusermount3"
+FUSECTL = "/sys/fs/fuse/connections"
+FLUSH_WAIT = 2.0  # seconds umount --force gives the daemon to take the kernel's dirty pages
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.syncfs.argtypes = [ctypes.c_int]
 
 
 class MountError(Exception):
@@ -96,21 +101,110 @@ def unmount(mountpoint, *, lazy=False):
 
 
 def set_readahead(mountpoint, kib):
-    """Raise the mount's readahead: the kernel's 128 KiB default cuts buffered reads into small READs.
+    """Raise the mount's readahead: the kernel's 128 KiB default cuts buffered reads into small READs."""
+    with open(f"/sys/class/bdi/{device(mountpoint)}/read_ahead_kb", "w") as f:
+        f.write(str(kib))
 
-    The device number comes from /proc/self/mountinfo, not stat(2): the daemon
-    must not send its own mount a request it is busy serving.
+
+def device(mountpoint):
+    """The mount's device number "major:minor", which also names its FUSE connection.
+
+    It comes from /proc/self/mountinfo, not stat(2): the daemon must not
+    send its own mount a request it is busy serving.
     """
-    device = None
+    found = None
     with open("/proc/self/mountinfo") as f:
         for line in f:
             fields = line.split()
             if _unescape(fields[4]) == mountpoint:
-                device = fields[2]
-    if device is None:
+                found = fields[2]
+    if found is None:
         raise MountError(f"{mountpoint}: not in /proc/self/mountinfo")
-    with open(f"/sys/class/bdi/{device}/read_ahead_kb", "w") as f:
-        f.write(str(kib))
+    return found
+
+
+def holders(mountpoint, dev=None):
+    """[(pid, path there, device)]: one process for each other mount namespace that holds the mount (``dev``,
+    or an offloadfs mount on ``mountpoint``).
+
+    A process started with `unshare -m` or `ip netns exec` while we were mounted got a copy of
+    the mount; the kernel keeps the connection, and the daemon serving, while any copy lives.
+    Only /proc is read: the mount itself is never touched, so a hung daemon cannot hang us.
+    """
+    seen = {os.readlink("/proc/self/ns/mnt")}
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/mnt")
+            if ns in seen:
+                continue
+            seen.add(ns)
+            with open(f"/proc/{pid}/mountinfo") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue  # gone, or not ours to see
+        for line in lines:
+            fields = line.split()
+            path = _unescape(fields[4])
+            fstype = fields[fields.index("-") + 1]
+            match = fields[2] == dev if dev else path == mountpoint and fstype.endswith("offloadfs")
+            if match:
+                found.append((int(pid), path, fields[2]))
+                break
+    return found
+
+
+def force_unmount(mountpoint, held):
+    """End the mount everywhere: flush what the kernel holds (if the daemon answers in time),
+    unmount here, abort the connection.  The daemon then reads ENODEV, closes its sources and ends.
+
+    ``held`` is what holders() found; without a mount here, the flush goes through
+    the root of a process that has one.
+    """
+    if is_mounted(mountpoint):
+        dev, reach = device(mountpoint), mountpoint
+    else:
+        pid, path, dev = held[0]
+        reach = f"/proc/{pid}/root{path}"
+    # A hung daemon would hang the flush: it is left waiting, and the abort ends its wait.
+
+    def flush_quietly():
+        with contextlib.suppress(OSError):  # a dead mount: nothing to flush
+            flush(reach)
+
+    flusher = threading.Thread(target=flush_quietly, daemon=True)
+    flusher.start()
+    flusher.join(FLUSH_WAIT)
+    if is_mounted(mountpoint):
+        unmount(mountpoint, lazy=True)
+    abort(dev)
+
+
+def flush(path):
+    """syncfs(2) of the filesystem ``path`` is on: the kernel's dirty pages (writeback_cache) go to the daemon."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _libc.syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs {path}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def abort(dev):
+    """End the FUSE connection of device ``dev`` ("major:minor") in every mount namespace at once.
+
+    Unmounting ends it only where the last copy of the mount goes; the fusectl
+    filesystem's `abort` file ends it whoever holds a copy: the daemon reads
+    ENODEV, the copies answer ENOTCONN.  fusectl is mounted if it is not.
+    """
+    major, minor = map(int, dev.split(":"))
+    path = f"{FUSECTL}/{major << 20 | minor}/abort"  # the kernel's dev_t, as fusectl names it
+    if not os.path.ismount(FUSECTL) and _libc.mount(b"fusectl", FUSECTL.encode(), b"fusectl", 0, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount fusectl on {FUSECTL}: {os.strerror(err)}")
+    with open(path, "w") as f:
+        f.write("1")
 
 
 def is_mounted(mountpoint):

@@ -50,13 +50,16 @@ def status(mountpoint):
 
 
 def unmount(mountpoint):
-    """Unmount via the CLI, falling back to a lazy umount if that fails."""
-    try:
-        offloadfs_cli("umount", mountpoint)
-    except subprocess.TimeoutExpired:
-        pass
-    if is_mounted(mountpoint):
-        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
+    """Unmount via the CLI; if that fails (busy, or a lab namespace started meanwhile holds a copy),
+    end the daemon with --force, and as a last resort umount lazily."""
+    for force in ((), ("--force",)):
+        try:
+            offloadfs_cli("umount", *force, mountpoint)
+        except subprocess.TimeoutExpired:
+            pass
+        if not is_mounted(mountpoint):
+            return
+    subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
 
 
 @contextlib.contextmanager

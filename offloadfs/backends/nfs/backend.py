@@ -796,11 +796,7 @@ class NFSBackend(Backend):
                     return await self._stable(dst_file, count)
                 interval = min(interval * 2, POLL_MAX)
         except trio.Cancelled:
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                try:
-                    await self._call([ops.PutFH(fh), ops.OffloadCancel(stateid)])
-                except OSError as e:
-                    log.debug("OFFLOAD_CANCEL: %s", e)
+            self.client.spawn(self._cancel_offload, fh, stateid)
             raise
         finally:
             self.client.offload_ended(stateid)
@@ -810,6 +806,22 @@ class NFSBackend(Backend):
         if outcome.copied == 0:
             raise NFSError(outcome.status, "COPY")
         return await self._stable(dst_file, outcome.copied)  # a partial copy: the planner goes on from there
+
+    async def _cancel_offload(self, fh, stateid):
+        """OFFLOAD_CANCEL of a copy nobody waits for, in the background: the interrupted request is
+        answered at once, and a stalled server gets the cancel once it answers again.  Tried for a
+        lease: a server that heard nothing from us that long drops our state, copies included."""
+        with trio.move_on_after(self.client.lease):
+            while True:
+                try:
+                    await self._call([ops.PutFH(fh), ops.OffloadCancel(stateid)])
+                    return
+                except NFSError as e:  # BAD_STATEID: the copy is over already
+                    log.debug("OFFLOAD_CANCEL: %s", e)
+                    return
+                except OSError as e:  # a soft mount's timeout: the server still does not answer
+                    log.debug("OFFLOAD_CANCEL, trying again: %s", e)
+                    await trio.sleep(1)
 
     async def _stable(self, file, count):
         """A WriteResult for ``count`` bytes copied under no known verifier: COMMIT now, check nothing."""
