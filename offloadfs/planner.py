@@ -13,6 +13,7 @@ through FUSE).
 import contextlib
 import errno
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -34,6 +35,8 @@ EXPLORE_LIMIT = 1 << 20
 # the server is out of reach now are retried this long, every TRIM_RETRY seconds.
 TRIM_WAIT = 20
 TRIM_RETRY = 0.5
+# An interrupted copy is answered at once (the process is being killed): its cut gets this long.
+TRIM_WAIT_INTERRUPTED = 0.25
 UNREACHABLE = (errno.EIO, errno.ETIMEDOUT)
 
 
@@ -112,8 +115,10 @@ class Planner:
             failed = False
             return record.bytes_done
         except BaseException as e:
+            # Cancelled (maybe in a group, from parallel spans): the request was interrupted.
+            wait = TRIM_WAIT_INTERRUPTED if trio.current_effective_deadline() == -math.inf else TRIM_WAIT
             with trio.CancelScope(shield=True):
-                await self._trim(dst, dst_st.size, off_out + record.bytes_done)
+                await self._trim(dst, dst_st.size, off_out + record.bytes_done, wait)
             if record.bytes_done and isinstance(e, OSError):
                 log.info("copy to %s failed after %d bytes: %s", dst.label, record.bytes_done, e)
                 return record.bytes_done
@@ -121,15 +126,15 @@ class Planner:
         finally:
             self.stats.end_copy(record, failed)
 
-    async def _trim(self, dst, old_size, end):
+    async def _trim(self, dst, old_size, end, wait):
         """Cut the destination back to ``end`` (the copy's part done without a gap), where the
         failed copy made it longer than it was: pieces in flight side by side (streamed writes,
         server-side copies) may have landed beyond a piece that failed, and a file that ends past
         data never copied would pass for a whole copy with holes.  A server that went away is
-        waited for a while (the copy's error waits with it); one that stays away leaves the file
-        as it was when it went, and a warning says so."""
+        waited for ``wait`` seconds (the copy's error waits with it); one that stays away leaves
+        the file as it was when it went, and a warning says so."""
         keep = max(old_size, end)
-        with trio.move_on_after(TRIM_WAIT):
+        with trio.move_on_after(wait):
             while True:
                 try:
                     if (await dst.backend.getattr(dst.node, dst.file)).size > keep:
