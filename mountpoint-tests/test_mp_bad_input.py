@@ -74,7 +74,7 @@ def test_bad_option(option, backing, mp):
     assert not is_mounted(mp)
 
 
-@pytest.mark.parametrize("args", [["mount"], ["mount", "a", "b", "c"], ["frobnicate"], ["status"]])
+@pytest.mark.parametrize("args", [["mount"], ["mount", "a", "b", "c"], ["frobnicate"], ["status", "a", "b"]])
 def test_bad_usage(args):
     proc = offloadfs_cli(*args)
     assert proc.returncode == USAGE, proc.stderr

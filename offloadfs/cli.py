@@ -324,7 +324,7 @@ def main(argv=None):
             if len(args.args) > 2:
                 raise UsageError("mount takes [SOURCE] MOUNTPOINT")
             source = args.args[0] if len(args.args) == 2 else None
-            return do_mount(source, args.args[-1], args.options, args.foreground, args.verbose)
+            return do_mount(source, args.args[-1], args.options, args.foreground, verbose=args.verbose)
         if args.command == "umount":
             return do_umount(args.mountpoint, args.lazy, args.force)
         code = do_status(args.mountpoint, args.json, args.watch)

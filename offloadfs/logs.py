@@ -79,7 +79,12 @@ def choose(logfile, foreground):
         handler = logging.handlers.SysLogHandler(SYSLOG)
         handler.setFormatter(logging.Formatter("offloadfs[%(process)d]: %(message)s"))
         return Logs(f"syslog ({SYSLOG})", handler)
-    return _file(default_file())
+    try:
+        return _file(default_file())
+    except OSError as e:  # a user without a home of their own, say: mount anyway, and say so
+        where = f"nowhere ({e.filename}: {e.strerror}; give -o logfile=PATH)"
+        print(f"offloadfs: logs go {where}", file=sys.stderr)
+        return Logs(where, logging.NullHandler())
 
 
 def _listening(path):
