@@ -765,7 +765,7 @@ class Filesystem(Operations):
 
     async def getxattr(self, ctx, nodeid, name):
         if nodeid == ROOT and name == STATUS_XATTR:
-            return json.dumps(self.stats.snapshot()).encode()
+            return json.dumps(self.stats.snapshot(src.backend for src in self.sources)).encode()
         inode = self._inode(nodeid)
         if inode.source is None:
             raise OSError(errno.ENODATA, "no such attribute")

@@ -169,6 +169,10 @@ class Backend:
     async def removexattr(self, node, name) -> None: raise NotImplementedError
     async def close(self) -> None: """Drop connections and handles at unmount."""
 
+    def counters(self) -> dict:
+        """Counters of the backend's own protocol for ``offloadfs status``, added up over the mount's sources."""
+        return {}
+
 
 @runtime_checkable
 class CloneRange(Protocol):

@@ -202,8 +202,8 @@ class Capabilities:
         """The source's resume key from the current connection (a key from an older one kills Samba's)."""
         fid = await self._handle(file)
         if file.resume_key is None or file.key_generation != file.generation:
-            body = await self.client.call1(self.share, m.ioctl(fid, wire.FSCTL_SRV_REQUEST_RESUME_KEY, b"", 32),
-                                           file.generation, file.node.path or "")
+            body = await self._send1(m.ioctl(fid, wire.FSCTL_SRV_REQUEST_RESUME_KEY, b"", 32), file.generation,
+                                     file.node.path or "")
             file.resume_key = wire.ResumeKey.unpack(wire.IoctlResponse.output(body)).key
             file.key_generation = file.generation
         return file.resume_key

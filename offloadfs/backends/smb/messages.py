@@ -27,6 +27,7 @@ from smbprotocol.open import (
 from smbprotocol.structure import BytesField, IntField, Structure
 
 RELATED = b"\xff" * 16
+COMMAND_NAMES = {v: k[len("SMB2_"):] for k, v in vars(Commands).items() if k.startswith("SMB2_")}
 
 # Access masks (MS-SMB2 2.2.13.1).
 READ_DATA = 0x00000001
@@ -59,6 +60,11 @@ DURABLE_V2 = SMB2CreateDurableHandleRequestV2.NAME  # its response context has t
 
 SHARE_ALL = 0x7  # read | write | delete: POSIX lets anyone open, rename and unlink anything
 RESTART_SCAN = 0x01  # QUERY_DIRECTORY and QUERY_INFO (EAs) flag
+
+
+def command(message):
+    """The name of a request's command: CREATE, QUERY_INFO, ..."""
+    return COMMAND_NAMES[message.COMMAND]
 
 
 def create(path, access, disposition=OPEN, options=0, attributes=0, oplock=NO_OPLOCK, contexts=()):
