@@ -517,7 +517,7 @@ class Filesystem(Operations):
                     await self._kill_suidgid(inode, file)
                 keep = False
             else:
-                before, st = inode.stat, await backend.getattr(inode.node, file)
+                before, st = inode.stat, backend.opened(file) or await backend.getattr(inode.node, file)
                 keep = self.cache.reopened(self._where(inode), inode, st)
                 if keep and st != before and self.kernel is not None:
                     # The data is as the kernel saw it, but not the rest (a link made elsewhere: Samba

@@ -82,10 +82,10 @@ class File:
 
     ``born``: the file's creation time, which with the node's file id tells it from a file that replaced it;
     ``create_guid``: names the durable handle the server granted (None: not durable); ``lost``: why it could
-    not be reopened, after which every use fails.
+    not be reopened, after which every use fails; ``attributes``: what the open found, until opened() takes them.
     """
     __slots__ = ("backend", "node", "access", "file_id", "generation", "born", "create_guid", "lost", "sparse",
-                 "resume_key", "key_generation")
+                 "resume_key", "key_generation", "attributes")
 
     def __init__(self, backend, node, access, file_id, generation):
         self.backend = backend
@@ -99,6 +99,7 @@ class File:
         self.sparse = False
         self.resume_key = None
         self.key_generation = 0
+        self.attributes = None
 
 
 class SMBBackend(Capabilities, Backend):
@@ -488,7 +489,13 @@ class SMBBackend(Capabilities, Backend):
             await self.release(file)
             raise OSError(errno.ESTALE, f"{node.path}: replaced by another file")
         node.files.append(file)
+        file.attributes = a
         return file
+
+    def opened(self, file):
+        """The QUERY_INFO in the open's own compound, taken once: close-to-open needs no second one."""
+        a, file.attributes = file.attributes, None
+        return self._stat(a) if a is not None else None
 
     async def create(self, dir, name, flags, mode):
         self._listed.clear()
