@@ -512,7 +512,7 @@ class SMBBackend(Capabilities, Backend):
         return file.node, self._stat(a), file
 
     async def _open(self, node, path, access, disposition, options, reconnect=None):
-        """A File and the attributes of what it opened, in one round trip.
+        """A File and the attributes of what it opened, in one round trip (with its resume key, if readable).
 
         Files (not directories) are asked to be durable, which takes a batch
         oplock (see oplocks.py); ``reconnect``: the File of a lost connection
@@ -528,10 +528,11 @@ class SMBBackend(Capabilities, Backend):
         elif options & m.NON_DIRECTORY_FILE:
             guid = uuid.uuid4()
             oplock, contexts = m.BATCH, [m.durable(guid)]
+        msgs = [m.create(path, access, disposition, options, oplock=oplock, contexts=contexts), _query_all()]
+        if access & m.READ_DATA and options & m.NON_DIRECTORY_FILE:
+            msgs.append(m.resume_key())  # any file we may read may be the source of a server-side copy
         with trio.CancelScope(shield=True):
-            (status, body), (q_status, query) = await self._send(
-                [m.create(path, access, disposition, options, oplock=oplock, contexts=contexts),
-                             _query_all()])
+            (status, body), (q_status, query), *key = await self._send(msgs)
             if status != errors.SUCCESS:
                 raise status_error(status, body, path)
             created = wire.CreateResponse.unpack(body)
@@ -541,6 +542,9 @@ class SMBBackend(Capabilities, Backend):
                 listener.hold(file.file_id, self.share)
             if reconnect is not None or m.DURABLE_V2 in created.contexts:
                 file.create_guid = guid  # a reconnect names no context in its reply
+            if key and key[0][0] == errors.SUCCESS:
+                file.resume_key = wire.ResumeKey.unpack(wire.IoctlResponse.output(key[0][1])).key
+                file.key_generation = file.generation
             try:
                 if q_status != errors.SUCCESS:
                     raise status_error(q_status, query, path)

@@ -26,6 +26,8 @@ from smbprotocol.open import (
 )
 from smbprotocol.structure import BytesField, IntField, Structure
 
+from .wire import FSCTL_SRV_REQUEST_RESUME_KEY
+
 RELATED = b"\xff" * 16
 COMMAND_NAMES = {v: k[len("SMB2_"):] for k, v in vars(Commands).items() if k.startswith("SMB2_")}
 
@@ -193,3 +195,8 @@ def ioctl(file_id, ctl_code, input=b"", max_output=0):
     m["max_output_response"] = max_output
     m["flags"] = IOCTLFlags.SMB2_0_IOCTL_IS_FSCTL
     return m
+
+
+def resume_key(file_id=RELATED):
+    """FSCTL_SRV_REQUEST_RESUME_KEY: what names ``file_id`` as the source of a copychunk."""
+    return ioctl(file_id, FSCTL_SRV_REQUEST_RESUME_KEY, b"", 32)
