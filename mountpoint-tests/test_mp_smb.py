@@ -61,6 +61,32 @@ def test_cp_in_a_share_is_done_by_the_server(kind, method, smb, mount_on):
             assert flags and all("shared" in f for f in flags), (name, flags)
 
 
+# What a cp of 1 KiB inside a share may cost, per command and in round trips (README, "Benchmarks"):
+# LOOKUP src, LOOKUP dst (absent), OPEN src, CREATE dst, COPY_FILE_RANGE, RELEASE of both.
+SMALL_CP_REQUESTS = {"CREATE": 6, "QUERY_INFO": 8, "CLOSE": 6, "IOCTL": 2}
+SMALL_CP_ROUND_TRIPS = 11
+
+
+def test_a_small_cp_in_a_share_costs_few_round_trips(mount_on):
+    # Long timeouts: the kernel asks nothing again that it was told, however slow the machine.
+    mnt = mount_on("smb-xfs", ["attr_timeout=60", "entry_timeout=60"])
+    (mnt.backing / "src").write_bytes(os.urandom(1024))
+    before = mnt.counters()
+    sh("cp", mnt.path / "src", mnt.path / "dst")
+    for name in ("src", "dst"):
+        mnt.settle(mnt.backing / name)  # the kernel sends the releases after cp is gone
+    after = mnt.counters()
+    requests = {c: n - before["smb_requests"].get(c, 0) for c, n in after["smb_requests"].items()}
+    requests = {c: n for c, n in requests.items() if n}
+    round_trips = after["smb_round_trips"] - before["smb_round_trips"]
+    print(f"cp of 1 KiB: {requests}, {round_trips} round trips")
+    assert (mnt.backing / "dst").read_bytes() == (mnt.backing / "src").read_bytes()
+    assert after["copy_bytes"]["server_copy"] == 1024, after
+    assert all(requests.get(c, 0) <= n for c, n in SMALL_CP_REQUESTS.items()) and requests.keys() <= \
+        SMALL_CP_REQUESTS.keys(), requests
+    assert round_trips <= SMALL_CP_ROUND_TRIPS
+
+
 def test_copies_between_shares_and_servers(mount_on):
     mnt = mount_on({"b": "smb-btrfs", "x": "smb-xfs", "e": "smb-ext4", "r": "smb2-ext4"})
     assert sorted(os.listdir(mnt.path)) == ["b", "e", "r", "x"]

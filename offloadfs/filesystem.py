@@ -517,7 +517,7 @@ class Filesystem(Operations):
                     await self._kill_suidgid(inode, file)
                 keep = False
             else:
-                before, st = inode.stat, await backend.getattr(inode.node, file)
+                before, st = inode.stat, backend.opened(file) or await backend.getattr(inode.node, file)
                 keep = self.cache.reopened(self._where(inode), inode, st)
                 if keep and st != before and self.kernel is not None:
                     # The data is as the kernel saw it, but not the rest (a link made elsewhere: Samba
@@ -765,7 +765,7 @@ class Filesystem(Operations):
 
     async def getxattr(self, ctx, nodeid, name):
         if nodeid == ROOT and name == STATUS_XATTR:
-            return json.dumps(self.stats.snapshot()).encode()
+            return json.dumps(self.stats.snapshot(src.backend for src in self.sources)).encode()
         inode = self._inode(nodeid)
         if inode.source is None:
             raise OSError(errno.ENODATA, "no such attribute")

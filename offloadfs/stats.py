@@ -61,7 +61,8 @@ class Stats:
         if failed:
             self.copy_errors += 1
 
-    def snapshot(self):
+    def snapshot(self, backends=()):
+        """``backends``: their counters() join the mount's, added up over sources of one kind."""
         now = time.time()
         return {
             "pid": os.getpid(),
@@ -84,8 +85,23 @@ class Stats:
                 "lookups": self.lookups,
                 "lookups_absent": self.lookups_absent,
                 "bytes_kept_off_network": kept_off_network(self.copy_bytes),
+                **added_up(b.counters() for b in backends),
             },
         }
+
+
+def added_up(counters):
+    """The sum of several {name: count or {key: count}}."""
+    total = {}
+    for c in counters:
+        for name, value in c.items():
+            if isinstance(value, dict):
+                into = total.setdefault(name, {})
+                for key, n in value.items():
+                    into[key] = into.get(key, 0) + n
+            else:
+                total[name] = total.get(name, 0) + value
+    return total
 
 
 def progress(done, total, started, now):

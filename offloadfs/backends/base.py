@@ -151,6 +151,11 @@ class Backend:
     async def rename(self, dir, name, newdir, newname, flags) -> None: raise NotImplementedError
     async def open(self, node, flags) -> object: raise NotImplementedError
 
+    def opened(self, file) -> Stat | None:
+        """The attributes ``file``'s open got from the server along with it, once (then open() asks no
+        getattr of its own), or None."""
+        return None
+
     async def create(self, dir, name, flags, mode) -> tuple[object, Stat, object]:
         raise NotImplementedError
 
@@ -168,6 +173,10 @@ class Backend:
     async def listxattr(self, node) -> list[bytes]: raise NotImplementedError
     async def removexattr(self, node, name) -> None: raise NotImplementedError
     async def close(self) -> None: """Drop connections and handles at unmount."""
+
+    def counters(self) -> dict:
+        """Counters of the backend's own protocol for ``offloadfs status``, added up over the mount's sources."""
+        return {}
 
 
 @runtime_checkable

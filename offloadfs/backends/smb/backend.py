@@ -15,6 +15,7 @@ file_mode=/dir_mode=, chmod toggles the read-only attribute (as mount.cifs
 does), chown is accepted and ignored, and xattrs are user.* names stored as
 SMB extended attributes.
 """
+import collections
 import errno
 import functools
 import hashlib
@@ -81,10 +82,10 @@ class File:
 
     ``born``: the file's creation time, which with the node's file id tells it from a file that replaced it;
     ``create_guid``: names the durable handle the server granted (None: not durable); ``lost``: why it could
-    not be reopened, after which every use fails.
+    not be reopened, after which every use fails; ``attributes``: what the open found, until opened() takes them.
     """
     __slots__ = ("backend", "node", "access", "file_id", "generation", "born", "create_guid", "lost", "sparse",
-                 "resume_key", "key_generation")
+                 "resume_key", "key_generation", "attributes")
 
     def __init__(self, backend, node, access, file_id, generation):
         self.backend = backend
@@ -98,6 +99,7 @@ class File:
         self.sparse = False
         self.resume_key = None
         self.key_generation = 0
+        self.attributes = None
 
 
 class SMBBackend(Capabilities, Backend):
@@ -115,6 +117,8 @@ class SMBBackend(Capabilities, Backend):
         self.copy_limits = CopyLimits()
         self._reopening = trio.Lock()
         self._listed = {}  # path -> (Attributes, expiry) from the last listings; see lookup()
+        self.requests = collections.Counter()  # command name -> requests sent
+        self.round_trips = 0  # requests and compounds sent, each answered before its caller goes on
 
     def shares_server_with(self, other):
         # Resume keys and file ids are only good on the connection that issued them.
@@ -122,9 +126,28 @@ class SMBBackend(Capabilities, Backend):
 
     # -- plumbing -------------------------------------------------------------------
 
+    def counters(self):
+        return {"smb_requests": dict(self.requests), "smb_round_trips": self.round_trips}
+
+    async def _send(self, msgs, generation=None):
+        """Every request of the backend goes out here (Client.call), counted for status and logged with -o debug:
+        what a FUSE operation costs in round trips shows right under it in the log."""
+        names = [m.command(msg) for msg in msgs]
+        self.requests.update(names)
+        self.round_trips += 1
+        log.debug("   smb %s", "+".join(names))
+        return await self.client.call(self.share, msgs, generation)
+
+    async def _send1(self, msg, generation=None, what=""):
+        """One request whose failure is an error; its response body."""
+        [(status, body)] = await self._send([msg], generation)
+        if status != errors.SUCCESS:
+            raise status_error(status, body, what)
+        return body
+
     async def _call(self, msgs, what="", generation=None):
         """A related compound whose every step must succeed; the response bodies."""
-        results = await self.client.call(self.share, msgs, generation)
+        results = await self._send(msgs, generation)
         for status, body in results:
             if status != errors.SUCCESS:
                 raise status_error(status, body, what)
@@ -182,7 +205,7 @@ class SMBBackend(Capabilities, Backend):
     async def _file_call(self, file, msg):
         """The response body of one request on ``file``'s handle, which must succeed."""
         fid = await self._handle(file)
-        return await self.client.call1(self.share, msg(fid), file.generation, file.node.path or "")
+        return await self._send1(msg(fid), file.generation, file.node.path or "")
 
     def _stat(self, a: info.Attributes):
         node = self.by_id.get(a.file_id)
@@ -466,7 +489,13 @@ class SMBBackend(Capabilities, Backend):
             await self.release(file)
             raise OSError(errno.ESTALE, f"{node.path}: replaced by another file")
         node.files.append(file)
+        file.attributes = a
         return file
+
+    def opened(self, file):
+        """The QUERY_INFO in the open's own compound, taken once: close-to-open needs no second one."""
+        a, file.attributes = file.attributes, None
+        return self._stat(a) if a is not None else None
 
     async def create(self, dir, name, flags, mode):
         self._listed.clear()
@@ -483,7 +512,7 @@ class SMBBackend(Capabilities, Backend):
         return file.node, self._stat(a), file
 
     async def _open(self, node, path, access, disposition, options, reconnect=None):
-        """A File and the attributes of what it opened, in one round trip.
+        """A File and the attributes of what it opened, in one round trip (with its resume key, if readable).
 
         Files (not directories) are asked to be durable, which takes a batch
         oplock (see oplocks.py); ``reconnect``: the File of a lost connection
@@ -499,10 +528,11 @@ class SMBBackend(Capabilities, Backend):
         elif options & m.NON_DIRECTORY_FILE:
             guid = uuid.uuid4()
             oplock, contexts = m.BATCH, [m.durable(guid)]
+        msgs = [m.create(path, access, disposition, options, oplock=oplock, contexts=contexts), _query_all()]
+        if access & m.READ_DATA and options & m.NON_DIRECTORY_FILE:
+            msgs.append(m.resume_key())  # any file we may read may be the source of a server-side copy
         with trio.CancelScope(shield=True):
-            (status, body), (q_status, query) = await self.client.call(
-                self.share, [m.create(path, access, disposition, options, oplock=oplock, contexts=contexts),
-                             _query_all()])
+            (status, body), (q_status, query), *key = await self._send(msgs)
             if status != errors.SUCCESS:
                 raise status_error(status, body, path)
             created = wire.CreateResponse.unpack(body)
@@ -512,6 +542,9 @@ class SMBBackend(Capabilities, Backend):
                 listener.hold(file.file_id, self.share)
             if reconnect is not None or m.DURABLE_V2 in created.contexts:
                 file.create_guid = guid  # a reconnect names no context in its reply
+            if key and key[0][0] == errors.SUCCESS:
+                file.resume_key = wire.ResumeKey.unpack(wire.IoctlResponse.output(key[0][1])).key
+                file.key_generation = file.generation
             try:
                 if q_status != errors.SUCCESS:
                     raise status_error(q_status, query, path)
@@ -538,7 +571,7 @@ class SMBBackend(Capabilities, Backend):
 
     async def _read(self, file, offset, size):
         fid = await self._handle(file)
-        [(status, body)] = await self.client.call(self.share, [m.read(fid, offset, size)], file.generation)
+        [(status, body)] = await self._send([m.read(fid, offset, size)], file.generation)
         if status == errors.END_OF_FILE:
             return b""
         if status != errors.SUCCESS:
@@ -579,13 +612,13 @@ class SMBBackend(Capabilities, Backend):
             return  # its connection is gone, and the handle with it
         self.client.oplocks.release(file.file_id)
         try:
-            await self.client.call(self.share, [m.close(file.file_id)], file.generation)
+            await self._send([m.close(file.file_id)], file.generation)
         except ConnectionLost:
             pass
 
     async def listdir(self, node):
         path = _path(node)
-        create, first = await self.client.call(self.share, [
+        create, first = await self._send([
             m.create(path, m.READ_DATA | m.READ_ATTRIBUTES | m.SYNCHRONIZE, m.OPEN, m.DIRECTORY_FILE),
             m.query_directory(m.RELATED, info.FILE_ID_BOTH_DIRECTORY, m.RESTART_SCAN, LIST_BUFFER)])
         generation = self.client.generation
@@ -605,11 +638,11 @@ class SMBBackend(Capabilities, Backend):
                         items.append(DirItem(name.encode("utf-8", "surrogatepass"), a.file_id, 4 if a.is_dir else 8,
                                              self._stat(a)))
                         self._listed[f"{path}\\{name}" if path else name] = (a, expiry)
-                [(status, body)] = await self.client.call(
-                    self.share, [m.query_directory(fid, info.FILE_ID_BOTH_DIRECTORY, 0, LIST_BUFFER)], generation)
+                [(status, body)] = await self._send(
+                    [m.query_directory(fid, info.FILE_ID_BOTH_DIRECTORY, 0, LIST_BUFFER)], generation)
         finally:
             with trio.CancelScope(shield=True):
-                await self.client.call(self.share, [m.close(fid)], generation)
+                await self._send([m.close(fid)], generation)
         return items
 
     async def statfs(self, node):
@@ -628,8 +661,7 @@ class SMBBackend(Capabilities, Backend):
         path = _path(node)
         query = m.query_info(info.FILE_FULL_EA, output_length=65536, input=info.GetEa(name).pack() if name else b"",
                              flags=0 if name else m.RESTART_SCAN)
-        create, result, _ = await self.client.call(self.share, [m.create(path, m.READ_EA | m.READ_ATTRIBUTES), query,
-                                                               m.close()])
+        create, result, _ = await self._send([m.create(path, m.READ_EA | m.READ_ATTRIBUTES), query, m.close()])
         for status, body in (create, result):
             if status == errors.NO_EAS_ON_FILE:
                 return {}
@@ -692,7 +724,7 @@ class SMBBackend(Capabilities, Backend):
         fid = await self._handle(file)
         if generation is not None and generation != file.generation:
             raise ConnectionLost("the two files are on different connections after a reconnect")
-        [(status, body)] = await self.client.call(self.share, [msg(fid)], file.generation)
+        [(status, body)] = await self._send([msg(fid)], file.generation)
         return status, body
 
 

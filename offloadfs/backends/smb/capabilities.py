@@ -199,11 +199,11 @@ class Capabilities:
         return True
 
     async def _resume_key(self, file):
-        """The source's resume key from the current connection (a key from an older one kills Samba's)."""
+        """The source's resume key from the current connection (a key from an older one kills Samba's);
+        open() asks for it in its compound, so this asks only after a reconnect or a refusal there."""
         fid = await self._handle(file)
         if file.resume_key is None or file.key_generation != file.generation:
-            body = await self.client.call1(self.share, m.ioctl(fid, wire.FSCTL_SRV_REQUEST_RESUME_KEY, b"", 32),
-                                           file.generation, file.node.path or "")
+            body = await self._send1(m.resume_key(fid), file.generation, file.node.path or "")
             file.resume_key = wire.ResumeKey.unpack(wire.IoctlResponse.output(body)).key
             file.key_generation = file.generation
         return file.resume_key

@@ -365,13 +365,6 @@ class Client:
     def _timed_out(self, conn, timeout):
         raise self._lost(conn, f"did not answer in {timeout} s")
 
-    async def call1(self, share, message, generation=None, what=""):
-        """One request whose failure is an error; its response body."""
-        [(status, body)] = await self.call(share, [message], generation)
-        if status != errors.SUCCESS:
-            raise status_error(status, body, what)
-        return body
-
     def _send_sync(self, conn, messages, tid, credit_request):
         try:
             sid = next(iter(conn.session_table))

@@ -26,7 +26,10 @@ from smbprotocol.open import (
 )
 from smbprotocol.structure import BytesField, IntField, Structure
 
+from .wire import FSCTL_SRV_REQUEST_RESUME_KEY
+
 RELATED = b"\xff" * 16
+COMMAND_NAMES = {v: k[len("SMB2_"):] for k, v in vars(Commands).items() if k.startswith("SMB2_")}
 
 # Access masks (MS-SMB2 2.2.13.1).
 READ_DATA = 0x00000001
@@ -59,6 +62,11 @@ DURABLE_V2 = SMB2CreateDurableHandleRequestV2.NAME  # its response context has t
 
 SHARE_ALL = 0x7  # read | write | delete: POSIX lets anyone open, rename and unlink anything
 RESTART_SCAN = 0x01  # QUERY_DIRECTORY and QUERY_INFO (EAs) flag
+
+
+def command(message):
+    """The name of a request's command: CREATE, QUERY_INFO, ..."""
+    return COMMAND_NAMES[message.COMMAND]
 
 
 def create(path, access, disposition=OPEN, options=0, attributes=0, oplock=NO_OPLOCK, contexts=()):
@@ -187,3 +195,8 @@ def ioctl(file_id, ctl_code, input=b"", max_output=0):
     m["max_output_response"] = max_output
     m["flags"] = IOCTLFlags.SMB2_0_IOCTL_IS_FSCTL
     return m
+
+
+def resume_key(file_id=RELATED):
+    """FSCTL_SRV_REQUEST_RESUME_KEY: what names ``file_id`` as the source of a copychunk."""
+    return ioctl(file_id, FSCTL_SRV_REQUEST_RESUME_KEY, b"", 32)
