@@ -129,11 +129,6 @@ class Filesystem(Operations):
             self.recogniser = Recogniser(stats, self.planner, self._send, self.by_key.get,
                                          lambda inode, file: Endpoint(inode.source.backend, inode.node, file,
                                                                       self._path(inode)))
-            for a in self.sources:
-                for b in self.sources:
-                    if plan(Endpoint(a.backend, None, None, ""), Endpoint(b.backend, None, None, ""), True)[:-1]:
-                        self.copies_from.add(a.index)
-                        self.copies_to.add(b.index)
 
     async def start(self):
         """Open every source's root; runs before the mount so that bad sources fail the mount."""
@@ -154,6 +149,11 @@ class Filesystem(Operations):
             self.roots[src.index] = inode
         if self.multi:
             self.inodes[ROOT] = Inode(ROOT, None, None, ("root",), ROOT, stat.S_IFDIR, pinned=True)
+        for a in self.sources if self.recogniser else ():  # connected now: they know their servers
+            for b in self.sources:
+                if plan(Endpoint(a.backend, None, None, ""), Endpoint(b.backend, None, None, ""), True)[:-1]:
+                    self.copies_from.add(a.index)
+                    self.copies_to.add(b.index)
 
     # -- plumbing -------------------------------------------------------------
 

@@ -301,12 +301,12 @@ class Recogniser:
             log.info("a pending copy's source cannot be opened, writing the data: %s", e)
             return 0
         try:
-            now = version(await backend.getattr(src.node, file))
-            if now != run.version:
-                log.info("%s changed since it was read (%s, was %s): writing the data", src.name, now, run.version)
+            source = self.endpoint(src, file)
+            if version(await backend.getattr(src.node, file)) != run.version:
+                log.info("%s changed since it was read: writing the data copied from it", source.label)
                 return 0
-            moved = await self.planner.offload_copy(self.endpoint(src, file), run.src, self.endpoint(h.inode, h.file),
-                                               run.dst, run.length)
+            moved = await self.planner.offload_copy(source, run.src, self.endpoint(h.inode, h.file), run.dst,
+                                                    run.length)
             if moved and version(await backend.getattr(src.node, file)) != run.version:
                 return 0  # changed while copied: the held bytes are written over what came
         except OSError as e:
