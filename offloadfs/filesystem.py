@@ -81,6 +81,7 @@ class Inode:
     listing: Listing | None = None  # directories: see cache.DirCache
     dir_changes: int = 0  # directories: how many changes we made to it (cache.DirCache.store)
     pending: object = None  # files: recognise.Pending, written data held for a copy
+    data_changes: int = 0  # files: changes to the data made through this mount (recognise.version)
 
 
 @dataclass(slots=True)
@@ -388,6 +389,7 @@ class Filesystem(Operations):
         self._writable()
         inode = self._dir(nodeid)
         await self._settle(inode)  # a held copy landing later would undo a truncate, or move the mtime
+        inode.data_changes += ch.size is not None
         file = self.handles[ch.fh].file if ch.fh in self.handles else None
         mode = ch.mode
         if ch.kill_suidgid and mode is None:
@@ -535,6 +537,7 @@ class Filesystem(Operations):
         try:
             if flags & os.O_TRUNC:
                 await self._settle(inode)  # the truncate came after what was written before
+                inode.data_changes += 1
                 self._stale(inode)
                 if kill_suidgid:
                     await self._kill_suidgid(inode, file)
@@ -626,13 +629,14 @@ class Filesystem(Operations):
             # The version is taken before the read: data changed after it is caught at commit.
             st = await self._getattr(inode, h.file)
             data = await inode.source.backend.read(h.file, offset, size)
-            self.recogniser.served.add(inode.key, recognise.version(st), offset, data,
+            self.recogniser.served.add(inode.key, recognise.version(st, inode), offset, data,
                                        len(data) < size or offset + len(data) >= st.size)
         self.stats.fuse_read_bytes += len(data)
         return data
 
     async def write(self, ctx, nodeid, fh, offset, data, kill_suidgid):
         h = self._handle(fh)
+        h.inode.data_changes += 1
         if self.recogniser is None or h.inode.source.index not in self.copies_to:
             await self._send(h, offset, data)
         else:
@@ -708,6 +712,7 @@ class Filesystem(Operations):
         if not isinstance(backend, Allocate):
             raise OSError(errno.EOPNOTSUPP, "the server cannot allocate")
         await self._settle(h.inode)
+        h.inode.data_changes += 1
         await backend.allocate(h.file, mode, offset, length)
         self._stale(h.inode)
 
@@ -717,6 +722,7 @@ class Filesystem(Operations):
             raise OSError(errno.EINVAL, "copy_file_range takes no flags")
         src, dst = self._handle(fh_in), self._handle(fh_out)
         await self._settle(src.inode, dst.inode)
+        dst.inode.data_changes += 1
         try:
             return await self.planner.copy(self._endpoint(src), off_in, self._endpoint(dst), off_out, length)
         finally:

@@ -38,9 +38,11 @@ def digest(data):
     return hashlib.blake2b(data, digest_size=32).digest()
 
 
-def version(st):
-    """What changes whenever the source's data may have: a pending copy from it is safe while equal."""
-    return st.size, st.mtime_ns, st.ctime_ns, st.change, st.ino
+def version(st, inode):
+    """What changes whenever the source's data may have: a pending copy from it is safe while equal.
+    The inode's own count of changes made through this mount is part of it, as servers may
+    update the times of a write late (Samba holds the write time of an open file)."""
+    return st.size, st.mtime_ns, st.ctime_ns, st.change, st.ino, inode.data_changes
 
 
 @dataclass(slots=True, frozen=True)
@@ -302,12 +304,12 @@ class Recogniser:
             return 0
         try:
             source = self.endpoint(src, file)
-            if version(await backend.getattr(src.node, file)) != run.version:
+            if version(await backend.getattr(src.node, file), src) != run.version:
                 log.info("%s changed since it was read: writing the data copied from it", source.label)
                 return 0
             moved = await self.planner.offload_copy(source, run.src, self.endpoint(h.inode, h.file), run.dst,
                                                     run.length)
-            if moved and version(await backend.getattr(src.node, file)) != run.version:
+            if moved and version(await backend.getattr(src.node, file), src) != run.version:
                 return 0  # changed while copied: the held bytes are written over what came
         except OSError as e:
             log.info("a pending copy failed, writing the data: %s", e)

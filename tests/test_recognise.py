@@ -63,7 +63,8 @@ class Mount:
         self.src = self.inode("src", File(data))
 
     def inode(self, name, node):
-        inode = SimpleNamespace(key=(0, name), node=node, pending=None, source=SimpleNamespace(backend=self.server))
+        inode = SimpleNamespace(key=(0, name), node=node, pending=None, data_changes=0,
+                                source=SimpleNamespace(backend=self.server))
         self.files[inode.key] = inode
         return inode
 
@@ -78,7 +79,7 @@ class Mount:
         node = self.src.node
         size = len(node) if size is None else size
         data = await self.server.read(node, offset, size)
-        self.rec.served.add(self.src.key, version(await self.server.getattr(node)), offset, data,
+        self.rec.served.add(self.src.key, version(await self.server.getattr(node), self.src), offset, data,
                             offset + len(data) >= len(node))
         return data
 
