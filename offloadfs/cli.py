@@ -241,6 +241,7 @@ MOUNT_OPTIONS = [
     ("default_permissions", "let the kernel check permissions"),
     ("uid=N, gid=N, umask=OCT", "owner, group and mode bits shown for every file"),
     ("offload=on|off", "off: no clones or server-side copies"),
+    ("detect_copies=on|off", "off: data copied by read and write is written as it comes"),
     ("passthrough", "reads and writes go straight to local backing files (root only)"),
     ("writeback_cache", "the kernel caches writes and sends them in bulk"),
     ("attr_timeout=S, entry_timeout=S", "how long the kernel may cache attributes, names"),

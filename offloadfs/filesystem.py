@@ -25,7 +25,9 @@ import trio
 from .backends.base import CALLER, Allocate, Caller, DirItem, Passthrough, SeekData, Stat
 from .cache import AttrCache, DirCache, Listing, check, dtype
 from .fuse.operations import DirEntry, Entry, Operations, Opened
-from .planner import Endpoint, Planner
+from .planner import Endpoint, Planner, plan
+from . import recognise
+from .recognise import Recogniser
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class Options:
     attr_timeout: float = 1.0
     entry_timeout: float = 1.0
     offload: bool = True
+    detect_copies: bool = True
 
 
 @dataclass(slots=True)
@@ -77,6 +80,8 @@ class Inode:
     passthrough: int = 0  # handles open in passthrough: the kernel writes them without us
     listing: Listing | None = None  # directories: see cache.DirCache
     dir_changes: int = 0  # directories: how many changes we made to it (cache.DirCache.store)
+    pending: object = None  # files: recognise.Pending, written data held for a copy
+    data_changes: int = 0  # files: changes to the data made through this mount (recognise.version)
 
 
 @dataclass(slots=True)
@@ -117,6 +122,14 @@ class Filesystem(Operations):
         self.writeback = False
         self.kernel = None
         self._dropping = set()  # trio.Events of kernel names being dropped (see _drop_other_names)
+        self.recogniser = None
+        # Sources whose reads are remembered, and those whose writes are compared with them: the
+        # pairs where the planner has an offload.
+        self.copies_from, self.copies_to = set(), set()
+        if options.offload and options.detect_copies:
+            self.recogniser = Recogniser(stats, self.planner, self._send, self.by_key.get,
+                                         lambda inode, file: Endpoint(inode.source.backend, inode.node, file,
+                                                                      self._path(inode)))
 
     async def start(self):
         """Open every source's root; runs before the mount so that bad sources fail the mount."""
@@ -137,6 +150,11 @@ class Filesystem(Operations):
             self.roots[src.index] = inode
         if self.multi:
             self.inodes[ROOT] = Inode(ROOT, None, None, ("root",), ROOT, stat.S_IFDIR, pinned=True)
+        for a in self.sources if self.recogniser else ():  # connected now: they know their servers
+            for b in self.sources:
+                if plan(Endpoint(a.backend, None, None, ""), Endpoint(b.backend, None, None, ""), True)[:-1]:
+                    self.copies_from.add(a.index)
+                    self.copies_to.add(b.index)
 
     # -- plumbing -------------------------------------------------------------
 
@@ -184,6 +202,8 @@ class Filesystem(Operations):
         """What the kernel sees: our inode numbers, and the uid=/gid=/umask= options applied."""
         o = self.options
         changes = {"ino": self._ino_of(inode)}
+        if inode.pending is not None:
+            changes["size"] = max(st.size, inode.pending.end())  # what the application wrote
         if o.uid is not None:
             changes["uid"] = o.uid
         if o.gid is not None:
@@ -368,6 +388,8 @@ class Filesystem(Operations):
     async def setattr(self, ctx, nodeid, ch):
         self._writable()
         inode = self._dir(nodeid)
+        await self._settle(inode)  # a held copy landing later would undo a truncate, or move the mtime
+        inode.data_changes += ch.size is not None
         file = self.handles[ch.fh].file if ch.fh in self.handles else None
         mode = ch.mode
         if ch.kill_suidgid and mode is None:
@@ -446,6 +468,7 @@ class Filesystem(Operations):
         check_name(name)
         dir = self._dir(parent)
         backend = dir.source.backend
+        await self._settle(self.dentries.get((dir.nodeid, name)))
         async with self._changing(dir):
             await (backend.rmdir if rmdir else backend.unlink)(dir.node, name)
         self._stale(dir)
@@ -465,6 +488,7 @@ class Filesystem(Operations):
         old, new = self._dir(parent), self._dir(newparent)
         if old.source is not new.source:
             raise OSError(errno.EXDEV, "rename across sources")  # mv then copies, through us
+        await self._settle(self.dentries.get((old.nodeid, name)), self.dentries.get((new.nodeid, newname)))
         async with self._changing(old, new):
             await old.source.backend.rename(old.node, name, new.node, newname, flags)
         self._stale(old)
@@ -512,6 +536,8 @@ class Filesystem(Operations):
         file = await backend.open(inode.node, self._open_flags(flags))
         try:
             if flags & os.O_TRUNC:
+                await self._settle(inode)  # the truncate came after what was written before
+                inode.data_changes += 1
                 self._stale(inode)
                 if kill_suidgid:
                     await self._kill_suidgid(inode, file)
@@ -595,41 +621,82 @@ class Filesystem(Operations):
 
     async def read(self, ctx, nodeid, fh, offset, size):
         h = self._handle(fh)
-        data = await h.inode.source.backend.read(h.file, offset, size)
+        inode = h.inode
+        await self._settle(inode)
+        if self.recogniser is None or inode.source.index not in self.copies_from:
+            data = await inode.source.backend.read(h.file, offset, size)
+        else:
+            # The version is taken before the read: data changed after it is caught at commit.
+            st = await self._getattr(inode, h.file)
+            data = await inode.source.backend.read(h.file, offset, size)
+            self.recogniser.served.add(inode.key, recognise.version(st, inode), offset, data,
+                                       len(data) < size or offset + len(data) >= st.size)
         self.stats.fuse_read_bytes += len(data)
         return data
 
     async def write(self, ctx, nodeid, fh, offset, data, kill_suidgid):
         h = self._handle(fh)
+        h.inode.data_changes += 1
+        if self.recogniser is None or h.inode.source.index not in self.copies_to:
+            await self._send(h, offset, data)
+        else:
+            await self.recogniser.write(h, offset, data)
+        self.stats.fuse_write_bytes += len(data)
+        self._stale(h.inode)
+        if kill_suidgid:
+            await self._kill_suidgid(h.inode, h.file)
+        return len(data)
+
+    async def _send(self, h, offset, data):
+        """Write all of ``data``: the kernel takes a short write as an error for most callers."""
         n = 0
-        while n < len(data):  # the kernel takes a short write as an error for most callers
+        while n < len(data):
             written = await h.inode.source.backend.write(h.file, offset + n, data[n:])
             if written <= 0:
                 raise OSError(errno.EIO, "the server accepted no data")
             n += written
-        self.stats.fuse_write_bytes += n
-        self._stale(h.inode)
-        if kill_suidgid:
-            await self._kill_suidgid(h.inode, h.file)
-        return n
+
+    async def _settle(self, *inodes):
+        """Commit what these files hold for recognised copies: before anything that could tell."""
+        for inode in inodes:
+            if inode is not None and inode.pending is not None and await self.recogniser.commit(inode):
+                self._stale(inode)
+
+    async def _settle_at_release(self, h):
+        """The last chance for what ``h`` wrote: the kernel hears no error from a release."""
+        p = h.inode.pending
+        if p is None or p.handle is not h:
+            return
+        try:
+            await self._settle(h.inode)
+        except OSError as e:
+            log.error("%s: data written for a recognised copy could not be written at close: %s",
+                      self._where(h.inode), e)
+            self.recogniser.drop(p)
+        p.handle = None
 
     async def flush(self, ctx, nodeid, fh):
         h = self._handle(fh)
+        await self._settle(h.inode)
         await h.inode.source.backend.flush(h.file)
 
     async def fsync(self, ctx, nodeid, fh, datasync):
         h = self._handle(fh)
+        await self._settle(h.inode)
         await h.inode.source.backend.fsync(h.file, datasync)
 
     async def release(self, ctx, nodeid, fh):
         h = self.handles.pop(fh, None)
         if h is not None:
+            CALLER.set(h.caller)
+            await self._settle_at_release(h)
             self._stale(h.inode)
             h.inode.passthrough -= h.passthrough
             await h.inode.source.backend.release(h.file)
 
     async def lseek(self, ctx, nodeid, fh, offset, whence):
         h = self._handle(fh)
+        await self._settle(h.inode)
         backend = h.inode.source.backend
         if isinstance(backend, SeekData):
             return await backend.seek(h.file, offset, whence)
@@ -644,6 +711,8 @@ class Filesystem(Operations):
         backend = h.inode.source.backend
         if not isinstance(backend, Allocate):
             raise OSError(errno.EOPNOTSUPP, "the server cannot allocate")
+        await self._settle(h.inode)
+        h.inode.data_changes += 1
         await backend.allocate(h.file, mode, offset, length)
         self._stale(h.inode)
 
@@ -652,6 +721,8 @@ class Filesystem(Operations):
         if flags:
             raise OSError(errno.EINVAL, "copy_file_range takes no flags")
         src, dst = self._handle(fh_in), self._handle(fh_out)
+        await self._settle(src.inode, dst.inode)
+        dst.inode.data_changes += 1
         try:
             return await self.planner.copy(self._endpoint(src), off_in, self._endpoint(dst), off_out, length)
         finally:
@@ -792,6 +863,8 @@ class Filesystem(Operations):
     async def close(self):
         for h in list(self.handles.values()):
             if h.file is not None:
+                with trio.CancelScope(shield=True):
+                    await self._settle_at_release(h)
                 with trio.CancelScope(shield=True):
                     await h.inode.source.backend.release(h.file)
         self.handles.clear()

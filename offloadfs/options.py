@@ -18,7 +18,8 @@ IGNORED = {"defaults", "auto", "noauto", "nofail", "_netdev", "user", "users", "
 IGNORED_PREFIXES = ("x-", "comment=")
 # The core's own options (FLAG_OPTIONS aside); backends list theirs in their OPTIONS.
 FLAGS = ("allow_other", "default_permissions", "debug", "passthrough", "writeback_cache")
-VALUED = ("uid", "gid", "umask", "attr_timeout", "entry_timeout", "offload", "source", "config", "logfile")
+VALUED = ("uid", "gid", "umask", "attr_timeout", "entry_timeout", "offload", "detect_copies", "source", "config",
+          "logfile")
 
 
 class OptionError(ValueError):
@@ -122,8 +123,8 @@ def parse(mountpoint, source, option_strings):
             fs.umask = _int(name, value, 8) & 0o777
         elif name in ("attr_timeout", "entry_timeout") and eq:
             setattr(fs, name, _seconds(name, value))
-        elif name == "offload" and value in ("on", "off"):
-            fs.offload = value == "on"
+        elif name in ("offload", "detect_copies") and value in ("on", "off"):
+            setattr(fs, name, value == "on")
         elif name == "source" and eq:
             src_name, _, url = value.partition("=")
             _add_source(config, src_name, url)
@@ -131,8 +132,8 @@ def parse(mountpoint, source, option_strings):
             read_config_file(config, value)
         elif name == "logfile" and eq:
             config.logfile = _logfile(value)
-        elif name == "offload":
-            raise OptionError(f"option {opt}: use offload=on or offload=off")
+        elif name in ("offload", "detect_copies"):
+            raise OptionError(f"option {opt}: use {name}=on or {name}=off")
         elif name in VALUED:
             raise OptionError(f"option {name} needs a value: {name}=...")
         else:

@@ -90,16 +90,27 @@ class Planner:
         failure cut the copy after a first part (the caller asks again for the rest and gets the
         error then, as with any copy_file_range).  A copy that fails leaves what a plain copy
         leaves: the part done without a gap, and no more (see _trim)."""
+        return sum((await self._copy(src, off_in, dst, off_out, length, False)).values())
+
+    async def offload_copy(self, src: Endpoint, off_in, dst: Endpoint, off_out, length):
+        """As copy, but only by the offloads (recognise.py holds the bytes, and writes what is left);
+        returns {method: bytes}, from ``off_in`` on without a gap; {} where none would serve."""
+        return await self._copy(src, off_in, dst, off_out, length, True)
+
+    async def _copy(self, src, off_in, dst, off_out, length, offload_only):
         src_st, dst_st = await together([lambda: src.backend.getattr(src.node, src.file),
                                          lambda: dst.backend.getattr(dst.node, dst.file)])
         length = min(length, max(0, src_st.size - off_in))
-        if length == 0:
-            return 0
-        record = self.stats.start_copy(src.label, dst.label, length)
         route = (id(src.backend), id(dst.backend))
+        methods = plan(src, dst, self.offload)
+        # Offload only: the caller holds the bytes, so there is nothing to learn by streaming them.
+        methods = methods[:-1] if offload_only else self.choose(route, methods, length)
+        if length == 0 or not methods:
+            return {}
+        record = self.stats.start_copy(src.label, dst.label, length)
         failed = True
         try:
-            for method in self.choose(route, plan(src, dst, self.offload), length):
+            for method in methods:
                 started = time.monotonic()
                 record.method = method  # what `offloadfs status` shows while it runs
                 done = record.bytes_done
@@ -113,7 +124,7 @@ class Planner:
                 if record.bytes_done >= length:
                     break
             failed = False
-            return record.bytes_done
+            return record.by_method
         except BaseException as e:
             # Cancelled (maybe in a group, from parallel spans): the request was interrupted.
             wait = TRIM_WAIT_INTERRUPTED if trio.current_effective_deadline() == -math.inf else TRIM_WAIT
@@ -121,7 +132,7 @@ class Planner:
                 await self._trim(dst, dst_st.size, off_out + record.bytes_done, wait)
             if record.bytes_done and isinstance(e, OSError):
                 log.info("copy to %s failed after %d bytes: %s", dst.label, record.bytes_done, e)
-                return record.bytes_done
+                return record.by_method
             raise
         finally:
             self.stats.end_copy(record, failed)

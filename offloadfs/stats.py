@@ -6,7 +6,7 @@ The JSON produced by ``Stats.snapshot`` is a documented interface (README,
 import itertools
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 METHODS = ("clone", "server_copy", "inter_server_copy", "stream")
 OFFLOADS = METHODS[:-1]  # the methods whose bytes the daemon never reads nor writes
@@ -22,6 +22,7 @@ class Copy:
     method: str = "stream"
     bytes_done: int = 0
     started: float = 0.0
+    by_method: dict = field(default_factory=dict)  # method -> bytes it moved
 
 
 class Stats:
@@ -39,6 +40,11 @@ class Stats:
         self.listings = 0
         self.lookups = 0
         self.lookups_absent = 0  # lookups the server answered "no such file"
+        # Copies recognised in plain writes (recognise.py): bytes found, committed as offloads by
+        # method, and held then written after all (source changed, copy failed).
+        self.recognised_bytes = 0
+        self.recognised_committed = dict.fromkeys(OFFLOADS, 0)
+        self.recognised_written = 0
         self.in_flight = {}
         self._ids = itertools.count(1)
 
@@ -52,6 +58,7 @@ class Stats:
         """``nbytes`` more of ``copy`` moved by ``method``; ``first`` counts the copy once per method."""
         copy.method = method
         copy.bytes_done += nbytes
+        copy.by_method[method] = copy.by_method.get(method, 0) + nbytes
         self.copy_bytes[method] += nbytes
         if first:
             self.copies[method] += 1
@@ -86,6 +93,9 @@ class Stats:
                 "lookups_absent": self.lookups_absent,
                 "bytes_kept_off_network": kept_off_network(self.copy_bytes),
                 **added_up(b.counters() for b in backends),
+                "recognised_bytes": self.recognised_bytes,
+                "recognised_committed": dict(self.recognised_committed),
+                "recognised_written": self.recognised_written,
             },
         }
 

@@ -8,7 +8,11 @@ def test_defaults_and_flags():
     assert c.sources == {"source": "/srv"}
     assert c.fs.ro and c.allow_other and c.fs.uid == 1000 and c.fs.umask == 0o22
     assert c.default_permissions  # allow_other never opens the sources to everyone
-    assert c.fs.offload
+    assert c.fs.offload and c.fs.detect_copies
+
+
+def test_detect_copies_off():
+    assert not parse("/mnt", "/srv", ["detect_copies=off"]).fs.detect_copies
 
 
 def test_sources_from_options_and_config(tmp_path):
@@ -24,6 +28,7 @@ def test_sources_from_options_and_config(tmp_path):
     ("/srv", ["uid=abc"], "not a number"),
     ("/srv", ["attr_timeout=-1"], "between 0"),
     ("/srv", ["offload=maybe"], "offload=on or offload=off"),
+    ("/srv", ["detect_copies=yes"], "detect_copies=on or detect_copies=off"),
     ("/srv", ["source=a=/x"], "not both"),
     (None, ["source=a/b=/x"], "plain directory name"),
     (None, ["source=a=/x,source=a=/y"], "given twice"),

@@ -1,0 +1,184 @@
+"""Copies by tools that never ask (issue #10): read() then write() of the same bytes.
+
+Each tool copies inside one source; the copy must be byte for byte the source's,
+and `offloadfs status` must show the bytes recognised and committed as an
+offload (clone on local btrfs, server-side copy on SMB), not written through
+the daemon.  With detect_copies=off nothing is recognised.  Data the daemon
+never served, or that differs from what it served, is written as it came.
+"""
+
+import os
+import shutil
+import subprocess
+import threading
+
+import pytest
+from mpkit import MiB, make_tree, sh, sha256, tree_digest, write_file
+
+WHERE = ["local-btrfs", "smb-btrfs", "smb-ext4"]
+SIZE = 8 * MiB + 12345  # not a whole number of blocks: the short last block must be recognised too
+
+
+@pytest.fixture(params=WHERE)
+def mnt(request, mount_on):
+    return mount_on(request.param)
+
+
+def committed(counters):
+    return sum(counters["recognised_committed"].values())
+
+
+def assert_offloaded(mnt, size):
+    """At least ``size`` bytes were recognised and committed as offloads; none fell back."""
+    c = mnt.counters()
+    assert committed(c) >= size, c
+    assert c["recognised_written"] == 0, c
+    assert c["recognised_bytes"] == committed(c), c
+
+
+def source_file(mnt, name="src", size=SIZE):
+    """A file made on the backing store, not through the mount: the daemon has served none of it."""
+    digest = write_file(mnt.backing / name, size)
+    return mnt.path / name, digest
+
+
+def test_shutil_copyfile(mnt):
+    src, digest = source_file(mnt)
+    shutil.copyfile(src, mnt.path / "dst")
+    assert sha256(mnt.path / "dst") == digest
+    assert sha256(mnt.backing / "dst") == digest
+    assert_offloaded(mnt, SIZE)
+
+
+def test_shutil_copytree(mnt):
+    make_tree(mnt.backing / "tree", modes=mnt.can("chmod"), symlink=mnt.can("symlink"))
+    shutil.copytree(mnt.path / "tree", mnt.path / "copy", symlinks=True)
+    assert tree_digest(mnt.backing / "copy", mnt.can("chmod")) == tree_digest(mnt.backing / "tree", mnt.can("chmod"))
+    assert_offloaded(mnt, 3 * MiB)  # the tree's largest file at least
+
+
+@pytest.mark.parametrize("bs", ["4k", "64k", "100k", "1M"])
+def test_dd(mnt, bs):
+    src, digest = source_file(mnt)
+    sh("dd", f"if={src}", f"of={mnt.path / 'dst'}", f"bs={bs}", "status=none")
+    assert sha256(mnt.backing / "dst") == digest
+    assert_offloaded(mnt, SIZE)
+
+
+def test_tar_through_a_pipe(mnt):
+    (mnt.backing / "tree").mkdir()
+    write_file(mnt.backing / "tree" / "big", SIZE)
+    write_file(mnt.backing / "tree" / "small", 70_000)
+    (mnt.path / "out").mkdir()
+    sh("sh", "-c", f"tar -C '{mnt.path / 'tree'}' -cf - . | tar -C '{mnt.path / 'out'}' -xf -")
+    for name in ("big", "small"):
+        assert sha256(mnt.backing / "out" / name) == sha256(mnt.backing / "tree" / name)
+    assert_offloaded(mnt, SIZE)
+
+
+def test_cat(mnt):
+    """cat may use copy_file_range (a copy request) or read and write (recognised): offloaded either way."""
+    src, digest = source_file(mnt)
+    sh("sh", "-c", f"cat '{src}' > '{mnt.path / 'dst'}'")
+    assert sha256(mnt.backing / "dst") == digest
+    c = mnt.counters()
+    assert committed(c) + sum(c["copy_bytes"][m] for m in ("clone", "server_copy")) >= SIZE, c
+
+
+def test_rsync_whole_file(mnt):
+    sh("rsync", "--version")
+    src, digest = source_file(mnt)
+    sh("rsync", "-a", src, mnt.path / "dst")  # a temporary file, then renamed
+    assert sha256(mnt.backing / "dst") == digest
+    assert_offloaded(mnt, SIZE - 2 * 64 * 1024)
+
+
+def test_rsync_update_copies_unchanged_blocks_from_the_basis(mnt):
+    src, digest = source_file(mnt)
+    sh("rsync", "-a", src, mnt.path / "dst")
+    before = committed(mnt.counters())
+    with open(mnt.backing / "src", "r+b") as f:  # a change in place: the other blocks stay where they were
+        f.seek(3 * MiB + 5)
+        f.write(b"changed")
+    os.utime(mnt.backing / "src", ns=(1, 1))
+    sh("rsync", "-a", "--no-whole-file", src, mnt.path / "dst")
+    assert sha256(mnt.backing / "dst") == sha256(mnt.backing / "src")
+    assert committed(mnt.counters()) - before >= SIZE - 2 * MiB  # read from the basis, written back
+
+
+def test_rsync_inplace(mnt):
+    src, _ = source_file(mnt)
+    sh("rsync", "-a", src, mnt.path / "dst")
+    with open(mnt.backing / "src", "r+b") as f:
+        f.seek(5 * MiB)
+        f.write(os.urandom(100_000))
+    os.utime(mnt.backing / "src", ns=(1, 1))
+    sh("rsync", "-a", "--inplace", "--no-whole-file", src, mnt.path / "dst")
+    assert sha256(mnt.backing / "dst") == sha256(mnt.backing / "src")
+    assert mnt.counters()["recognised_written"] == 0
+
+
+def test_two_copies_interleaved(mnt):
+    sources = [source_file(mnt, f"src{i}") for i in range(2)]
+    step = threading.Barrier(2)
+
+    def copy(i):
+        src, _ = sources[i]
+        with open(src, "rb") as fin, open(mnt.path / f"dst{i}", "wb") as fout:
+            while block := fin.read(100_000):
+                step.wait(timeout=30)  # one block of each in turn
+                fout.write(block)
+        step.abort()
+
+    threads = [threading.Thread(target=copy, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, (_, digest) in enumerate(sources):
+        assert sha256(mnt.backing / f"dst{i}") == digest
+    assert_offloaded(mnt, 2 * SIZE)
+
+
+def test_detect_copies_off(mount_on):
+    mnt = mount_on("local-btrfs", ["detect_copies=off"])
+    src, digest = source_file(mnt)
+    shutil.copyfile(src, mnt.path / "dst")
+    assert sha256(mnt.backing / "dst") == digest
+    c = mnt.counters()
+    assert c["recognised_bytes"] == 0 and committed(c) == 0, c
+    assert c["fuse_write_bytes"] >= SIZE
+
+
+def test_data_never_served_is_written(mnt):
+    """The same bytes as a file's, but not read from it through the mount: nothing to copy from."""
+    write_file(mnt.backing / "src", SIZE)
+    data = (mnt.backing / "src").read_bytes()
+    (mnt.path / "dst").write_bytes(data)
+    assert sha256(mnt.backing / "dst") == sha256(mnt.backing / "src")
+    assert mnt.counters()["recognised_bytes"] == 0
+
+
+def test_one_byte_changed_is_written_as_is(mnt):
+    src, _ = source_file(mnt)
+    data = bytearray(src.read_bytes())
+    data[5 * MiB + 3] ^= 0xFF
+    (mnt.path / "dst").write_bytes(data)
+    assert (mnt.backing / "dst").read_bytes() == data
+    assert (mnt.path / "dst").read_bytes() == data
+    c = mnt.counters()
+    assert 0 < c["recognised_bytes"] <= SIZE - 64 * 1024, c  # the changed block is not among them
+
+
+def test_reads_and_stat_see_pending_data(mnt):
+    """Before any close, the written size and bytes are what the application wrote."""
+    src, digest = source_file(mnt)
+    data = src.read_bytes()
+    with open(mnt.path / "dst", "wb") as f:
+        f.write(data)
+        f.flush()
+        assert os.fstat(f.fileno()).st_size == SIZE
+        assert os.stat(mnt.path / "dst").st_size == SIZE
+        with open(mnt.path / "dst", "rb") as g:
+            assert sha256(g.name) == digest
+    assert sha256(mnt.backing / "dst") == digest

@@ -1,0 +1,331 @@
+"""Recognising copied data: writes that carry bytes this daemon served from a file moments ago.
+
+rsync, shutil (sendfile), dd and tar x copy with read() and write(): the kernel
+never sends us a copy request, so every byte would cross the client's link
+twice.  Here each block of a READ reply is remembered by a strong hash
+(``Served``); a write whose blocks hash the same is not sent but held as a
+pending copy from that file (``Pending``), and committed through the planner's
+offload-only entry (clone, server-side copy) before anything could see the
+difference: close, fsync, a read or size change of the file, a rename, or the
+bound on what all files hold.  The source must be as it was when served
+(size, times, change attribute, file number), checked before and after the
+copy; anything else, and any failure, writes the held bytes instead, so
+nothing written is lost.
+
+v1 matches blocks at the same offset modulo BLOCK in source and destination
+(what cp-like tools, rsync's whole-file temporary files, tar x and dd without
+skip/seek produce); data shifted by other amounts is written as usual.
+"""
+import hashlib
+import logging
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import trio
+
+from .stats import OFFLOADS
+
+log = logging.getLogger(__name__)
+
+BLOCK = 64 << 10
+SERVED_BLOCKS = 1 << 17  # blocks remembered: 8 GiB of served data, some 50 MB of index
+TAILS = 256  # files whose last partial block served is kept to complete with the next read
+HELD_MAX = 64 << 20  # bytes held for pending copies in all; past it the oldest files commit
+
+
+def digest(data):
+    return hashlib.blake2b(data, digest_size=32).digest()
+
+
+def version(st, inode):
+    """What changes whenever the source's data may have: a pending copy from it is safe while equal.
+    The inode's own count of changes made through this mount is part of it, as servers may
+    update the times of a write late (Samba holds the write time of an open file)."""
+    return st.size, st.mtime_ns, st.ctime_ns, st.change, st.ino, inode.data_changes
+
+
+@dataclass(slots=True, frozen=True)
+class Block:
+    """One block as served: ``source`` is the file's inode key; a short block ends the file."""
+    source: tuple
+    offset: int
+    length: int
+    version: tuple
+    digest: bytes
+
+
+class Served:
+    """The blocks of recent READ replies, by hash and by place, least recently served out first.
+
+    The kernel's readahead does not keep to our blocks: the part of a block at the end of one
+    reply is kept (``tails``, one per file) and completed by the next reply if it goes on there."""
+
+    def __init__(self, limit=SERVED_BLOCKS):
+        self.limit = limit
+        self.by_digest = OrderedDict()
+        self.at = {}  # (source, offset) -> Block
+        self.tails = OrderedDict()  # source -> (offset, version, bytes short of a block)
+
+    def add(self, source, ver, offset, data, eof):
+        """``data`` was served from ``source`` (as of ``ver``, taken before the read) at ``offset``;
+        ``eof``: the reply reached the end of the file, so its short last block counts too."""
+        tail = self.tails.pop(source, None)
+        if tail is not None and tail[1] == ver and tail[0] + len(tail[2]) == offset:
+            offset, data = tail[0], tail[2] + data
+        end = offset + len(data)
+        if end % BLOCK and not eof and end - end % BLOCK >= offset:
+            self.tails[source] = (end - end % BLOCK, ver, bytes(data[end - end % BLOCK - offset:]))
+            while len(self.tails) > TAILS:
+                self.tails.popitem(last=False)
+        view = memoryview(data)
+        end = offset + len(view)
+        pos = -(-offset // BLOCK) * BLOCK
+        while pos < end and (pos + BLOCK <= end or eof):
+            n = min(BLOCK, end - pos)
+            known = self.at.get((source, pos))
+            if known is not None and known.version == ver and known.length == n:
+                self.by_digest[known.digest] = known  # the same bytes again: no need to hash them
+                self.by_digest.move_to_end(known.digest)
+            else:
+                self._put(Block(source, pos, n, ver, digest(view[pos - offset:pos - offset + n])))
+            pos += n
+
+    def _put(self, block):
+        old = self.at.get((block.source, block.offset))
+        if old is not None and self.by_digest.get(old.digest) is old:
+            del self.by_digest[old.digest]
+        self.by_digest[block.digest] = block
+        self.by_digest.move_to_end(block.digest)
+        self.at[(block.source, block.offset)] = block
+        while len(self.by_digest) > self.limit:
+            _, gone = self.by_digest.popitem(last=False)
+            if self.at.get((gone.source, gone.offset)) is gone:
+                del self.at[(gone.source, gone.offset)]
+
+    def find(self, hashed, length, next_to=None):
+        """The served block of these bytes; ``next_to`` ((source, offset)) is asked first, so that a
+        run from one file goes on there rather than jumping to another file with the same bytes."""
+        if next_to is not None:
+            block = self.at.get(next_to)
+            if block is not None and block.digest == hashed and block.length == length:
+                return block
+        block = self.by_digest.get(hashed)
+        return block if block is not None and block.length == length else None
+
+
+@dataclass(slots=True)
+class Run:
+    """Written bytes at ``dst`` that are the bytes of ``source`` at ``src``, held until committed."""
+    dst: int
+    source: tuple
+    src: int
+    version: tuple
+    held: list = field(default_factory=list)  # memoryviews, in order
+    length: int = 0
+
+
+@dataclass(slots=True)
+class Pending:
+    """What one file holds: runs to commit, and the window (the written tail short of a block,
+    not yet decided).  ``handle`` is the open file the data came through and is committed by."""
+    key: tuple = ()  # the file's inode key: its own blocks are no source for it
+    handle: object = None
+    runs: list = field(default_factory=list)
+    window_at: int = 0
+    window: bytearray = field(default_factory=bytearray)
+    lock: trio.Lock = field(default_factory=trio.Lock)
+
+    def end(self):
+        """Where the written data ends, as far as it is held here (0: nothing held)."""
+        ends = [r.dst + r.length for r in self.runs]
+        if self.window:
+            ends.append(self.window_at + len(self.window))
+        return max(ends, default=0)
+
+
+class Recogniser:
+    """Served blocks and the pending copies of a mount.
+
+    ``send(handle, offset, data)`` writes to the server as usual, ``source_of(key)`` is the live
+    inode of an inode key (or None), ``endpoint(inode, file)`` the planner's Endpoint."""
+
+    def __init__(self, stats, planner, send, source_of, endpoint, held_max=HELD_MAX):
+        self.stats = stats
+        self.planner = planner
+        self.send = send
+        self.source_of = source_of
+        self.endpoint = endpoint
+        self.held_max = held_max
+        self.served = Served()
+        self.held = 0
+        self.holding = {}  # id(Pending) -> Pending with runs, oldest first: what backpressure commits
+
+    # -- writes -------------------------------------------------------------------------
+
+    async def write(self, h, offset, data):
+        """Take a write through ``h``: its copied blocks are held, the rest sent; returns once each
+        byte is one or the other (the last partial block waits in the window)."""
+        inode = h.inode
+        if inode.pending is None:
+            inode.pending = Pending(inode.key)
+        p = inode.pending
+        async with p.lock:
+            if p.handle is not h and (p.runs or p.window):
+                await self._commit(p)  # another opener's data goes first, as it came first
+            p.handle = h
+            await self._write(p, offset, memoryview(data))
+        while self.held > self.held_max and self.holding:
+            oldest = next(iter(self.holding.values()))
+            async with oldest.lock:
+                await self._commit_runs(oldest)
+
+    async def _write(self, p, offset, view):
+        end = offset + len(view)
+        if p.window and offset != p.window_at + len(p.window):
+            await self._decide(p)
+        if any(r.dst < end and offset < r.dst + r.length for r in p.runs):
+            await self._commit_runs(p)  # written over: what was held goes first
+        if p.window:  # this write goes on from the window
+            need = BLOCK - len(p.window)
+            p.window += view[:need]
+            if len(p.window) < BLOCK:
+                return
+            at, block = p.window_at, bytes(p.window)
+            p.window = bytearray()
+            await self._take(p, at, memoryview(block))
+            offset, view = offset + need, view[need:]
+        start = -(-offset // BLOCK) * BLOCK
+        if start > offset:  # the bytes before a block boundary can never make a block
+            await self.send(p.handle, offset, view[:start - offset])
+            if start >= end:
+                return
+            offset, view = start, view[start - offset:]
+        await self._take(p, offset, view)
+
+    async def _take(self, p, offset, view):
+        """Decide the whole blocks of ``view`` (``offset`` is on a block boundary); the rest waits."""
+        plain = None  # index where the bytes not matched so far begin
+        i = 0
+        while len(view) - i >= BLOCK:
+            block = view[i:i + BLOCK]
+            served = self._find(p, offset + i, block)
+            if served is None:
+                plain = i if plain is None else plain
+            else:
+                if plain is not None:
+                    await self.send(p.handle, offset + plain, view[plain:i])
+                    plain = None
+                self._hold(p, offset + i, block, served)
+            i += BLOCK
+        if plain is not None:
+            await self.send(p.handle, offset + plain, view[plain:i])
+        if i < len(view):
+            p.window_at, p.window = offset + i, bytearray(view[i:])
+
+    async def _decide(self, p):
+        """The window will not grow into a whole block: it is the source's short last block, or sent."""
+        at, data = p.window_at, bytes(p.window)
+        p.window = bytearray()
+        served = self._find(p, at, data)
+        if served is None:
+            await self.send(p.handle, at, data)
+        else:
+            self._hold(p, at, memoryview(data), served)
+
+    def _find(self, p, dst, data):
+        next_to = None
+        if p.runs:
+            last = p.runs[-1]
+            if last.dst + last.length == dst:
+                next_to = (last.source, last.src + last.length)
+        served = self.served.find(digest(data), len(data), next_to)
+        return None if served is None or served.source == p.key else served
+
+    def _hold(self, p, dst, data, served):
+        last = p.runs[-1] if p.runs else None
+        if not (last is not None and last.source == served.source and last.version == served.version
+                and last.dst + last.length == dst and last.src + last.length == served.offset):
+            last = Run(dst, served.source, served.offset, served.version)
+            p.runs.append(last)
+        last.held.append(data)
+        last.length += len(data)
+        self.held += len(data)
+        self.stats.recognised_bytes += len(data)
+        self.holding[id(p)] = p
+
+    # -- commits ------------------------------------------------------------------------
+
+    async def commit(self, inode):
+        """Everything ``inode`` holds reaches the server (as copies, or written); False if it held
+        nothing.  Raises OSError if the server refused the written fallback (what was not written
+        stays held)."""
+        p = inode.pending
+        if p is None or not (p.runs or p.window):
+            return False
+        async with p.lock:
+            await self._commit(p)
+        return True
+
+    async def _commit(self, p):
+        if p.window:
+            await self._decide(p)
+        await self._commit_runs(p)
+
+    async def _commit_runs(self, p):
+        while p.runs:
+            run = p.runs[0]
+            done = await self._offload(p.handle, run)
+            if done < run.length:
+                await self._write_held(p.handle, run, done)
+                self.stats.recognised_written += run.length - done
+            p.runs.pop(0)
+            self.held -= run.length
+        self.holding.pop(id(p), None)
+
+    def drop(self, p):
+        """Forget what ``p`` holds: its file is gone from reach (the caller logs it)."""
+        self.held -= sum(r.length for r in p.runs)
+        p.runs.clear()
+        p.window = bytearray()
+        self.holding.pop(id(p), None)
+
+    async def _offload(self, h, run):
+        """Bytes of ``run`` copied by an offload from its start; 0 where the source changed or
+        cannot be reached, or no offload took any."""
+        src = self.source_of(run.source)
+        if src is None:
+            return 0
+        backend = src.source.backend
+        try:
+            file = await backend.open(src.node, os.O_RDONLY)
+        except OSError as e:
+            log.info("a pending copy's source cannot be opened, writing the data: %s", e)
+            return 0
+        try:
+            source = self.endpoint(src, file)
+            if version(await backend.getattr(src.node, file), src) != run.version:
+                log.info("%s changed since it was read: writing the data copied from it", source.label)
+                return 0
+            moved = await self.planner.offload_copy(source, run.src, self.endpoint(h.inode, h.file), run.dst,
+                                                    run.length)
+            if moved and version(await backend.getattr(src.node, file), src) != run.version:
+                return 0  # changed while copied: the held bytes are written over what came
+        except OSError as e:
+            log.info("a pending copy failed, writing the data: %s", e)
+            return 0
+        finally:
+            with trio.CancelScope(shield=True):
+                await backend.release(file)
+        for method, n in moved.items():
+            if method in OFFLOADS:
+                self.stats.recognised_committed[method] += n
+        return sum(moved.values())
+
+    async def _write_held(self, h, run, skip):
+        pos = run.dst
+        for piece in run.held:
+            if pos + len(piece) > run.dst + skip:
+                cut = max(0, run.dst + skip - pos)
+                await self.send(h, pos + cut, piece[cut:])
+            pos += len(piece)

@@ -1,0 +1,209 @@
+"""recognise.py against an in-memory server that clones: what is held, what is sent, what is committed."""
+import os
+from types import SimpleNamespace
+
+import trio
+
+from offloadfs.backends.base import Backend, Stat
+from offloadfs.planner import Endpoint, Planner
+from offloadfs.recognise import BLOCK, Recogniser, Served, version
+from offloadfs.stats import Stats
+
+
+class File(bytearray):
+    changes = 0  # what ctime would say
+
+
+class Server(Backend):
+    """Files are Files; node and open file are the same object.  ``fail``: clones raise EIO."""
+    url = "mem://a"
+
+    def __init__(self):
+        self.fail = False
+        self.sent = 0  # bytes that reached it as writes
+
+    async def open(self, node, flags):
+        return node
+
+    async def release(self, file):
+        pass
+
+    async def getattr(self, node, file=None):
+        return Stat(ino=id(node), mode=0o100644, size=len(node), ctime_ns=node.changes)
+
+    async def read(self, file, offset, size):
+        return bytes(file[offset:offset + size])
+
+    async def write(self, file, offset, data):
+        self.sent += len(data)
+        return self._put(file, offset, data)
+
+    def _put(self, file, offset, data):
+        if len(file) < offset:
+            file.extend(bytes(offset - len(file)))
+        file[offset:offset + len(data)] = data
+        file.changes += 1
+        return len(data)
+
+    async def clone_range(self, src, src_off, dst, dst_off, length):
+        if self.fail:
+            raise OSError(5, "clone failed")
+        return self._put(dst, dst_off, src[src_off:src_off + length])
+
+
+class Mount:
+    """A Recogniser wired as filesystem.py wires it, with a source file served whole."""
+
+    def __init__(self, data, held_max=64 << 20):
+        self.server = Server()
+        self.stats = Stats("/mnt", {})
+        self.files = {}
+        self.rec = Recogniser(self.stats, Planner(self.stats), self.send, self.files.get,
+                              lambda inode, file: Endpoint(self.server, inode.node, file, "f"), held_max)
+        self.src = self.inode("src", File(data))
+
+    def inode(self, name, node):
+        inode = SimpleNamespace(key=(0, name), node=node, pending=None, data_changes=0,
+                                source=SimpleNamespace(backend=self.server))
+        self.files[inode.key] = inode
+        return inode
+
+    def handle(self, name):
+        inode = self.inode(name, File())
+        return SimpleNamespace(inode=inode, file=inode.node)
+
+    async def send(self, h, offset, data):
+        await self.server.write(h.file, offset, data)
+
+    async def serve(self, offset=0, size=None):
+        node = self.src.node
+        size = len(node) if size is None else size
+        data = await self.server.read(node, offset, size)
+        self.rec.served.add(self.src.key, version(await self.server.getattr(node), self.src), offset, data,
+                            offset + len(data) >= len(node))
+        return data
+
+    def counters(self):
+        return self.stats.snapshot()["counters"]
+
+
+DATA = os.urandom(5 * BLOCK + 1000)
+
+
+async def copy(m, h, data, chunk):
+    for pos in range(0, len(data), chunk):
+        await m.rec.write(h, pos, data[pos:pos + chunk])
+
+
+async def test_served_data_is_held_then_cloned():
+    m = Mount(DATA)
+    await m.serve()
+    h = m.handle("dst")
+    await copy(m, h, DATA, 4096)
+    assert m.server.sent == 0 and len(h.file) == 0  # all held, the short last block in the window
+    assert h.inode.pending.end() == len(DATA)
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == DATA and m.server.sent == 0
+    c = m.counters()
+    assert c["recognised_bytes"] == len(DATA) and c["recognised_committed"]["clone"] == len(DATA)
+    assert c["copies"]["clone"] == 1  # coalesced into one run
+    assert m.rec.held == 0
+
+
+async def test_fresh_data_is_sent_at_once_but_for_one_partial_block():
+    m = Mount(DATA)
+    h = m.handle("dst")
+    await copy(m, h, DATA, 10_000)  # never served
+    assert m.server.sent == 5 * BLOCK  # the window holds less than a block
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == DATA and m.counters()["recognised_bytes"] == 0
+
+
+async def test_one_changed_byte_sends_that_block_only():
+    m = Mount(DATA)
+    await m.serve()
+    changed = bytearray(DATA)
+    changed[2 * BLOCK + 7] ^= 1
+    h = m.handle("dst")
+    await copy(m, h, changed, BLOCK)
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == changed
+    assert m.server.sent == BLOCK
+    assert m.counters()["recognised_bytes"] == len(DATA) - BLOCK
+
+
+async def test_reads_that_split_blocks_are_joined():
+    m = Mount(DATA)
+    for pos in range(0, len(DATA), 12_288):  # readahead-like, not on block boundaries
+        await m.serve(pos, 12_288)
+    h = m.handle("dst")
+    await copy(m, h, DATA, BLOCK)
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == DATA and m.server.sent == 0
+
+
+async def test_a_source_changed_since_served_gets_the_held_bytes_written():
+    m = Mount(DATA)
+    await m.serve()
+    h = m.handle("dst")
+    await copy(m, h, DATA, BLOCK)
+    m.src.node[:4] = b"XXXX"  # same size
+    m.src.node.changes += 1
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == DATA
+    c = m.counters()
+    assert c["recognised_written"] == len(DATA) and c["recognised_committed"]["clone"] == 0
+
+
+async def test_a_failed_copy_gets_the_held_bytes_written():
+    m = Mount(DATA)
+    await m.serve()
+    m.server.fail = True
+    h = m.handle("dst")
+    await copy(m, h, DATA, BLOCK)
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == DATA and m.counters()["recognised_written"] == len(DATA)
+
+
+async def test_overwriting_held_data_commits_it_first():
+    m = Mount(DATA)
+    await m.serve()
+    h = m.handle("dst")
+    await copy(m, h, DATA, BLOCK)
+    await m.rec.write(h, 100, b"new")
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == DATA[:100] + b"new" + DATA[103:]
+
+
+async def test_past_the_bound_the_oldest_file_commits():
+    m = Mount(DATA, held_max=2 * BLOCK)
+    await m.serve()
+    a, b = m.handle("a"), m.handle("b")
+    await copy(m, a, DATA[:2 * BLOCK], BLOCK)
+    assert len(a.file) == 0
+    await copy(m, b, DATA[:BLOCK], BLOCK)
+    assert bytes(a.file) == DATA[:2 * BLOCK] and len(b.file) == 0
+    assert m.rec.held == BLOCK
+
+
+async def test_a_file_is_no_source_for_itself():
+    m = Mount(DATA)
+    await m.serve()
+    h = SimpleNamespace(inode=m.src, file=m.src.node)
+    await m.rec.write(h, 0, DATA[:BLOCK])
+    assert m.server.sent == BLOCK and m.counters()["recognised_bytes"] == 0
+
+
+def test_served_keeps_the_short_block_only_at_the_end():
+    s = Served()
+    s.add((0, "f"), (), 0, b"a" * (BLOCK + 10), eof=False)
+    assert len(s.by_digest) == 1
+    s.add((0, "f"), (), BLOCK, b"a" * 10, eof=True)
+    assert len(s.by_digest) == 2 and s.at[((0, "f"), BLOCK)].length == 10
+
+
+def test_served_forgets_the_oldest_past_its_limit():
+    s = Served(limit=2)
+    for i in range(3):
+        s.add((0, i), (), 0, bytes([i]) * BLOCK, eof=False)
+    assert ((0, 0), 0) not in s.at and len(s.by_digest) == 2
