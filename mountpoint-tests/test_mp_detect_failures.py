@@ -9,6 +9,7 @@ were recognised (else it would test plain writes) and then compares the destinat
 the server's disk (mnt.backing), not through the mount.
 """
 
+import contextlib
 import os
 import signal
 import time
@@ -22,18 +23,24 @@ SIZE = 4 * MiB
 WHERE = ("local-btrfs", "smb-ext4")
 
 
+@contextlib.contextmanager
 def held_copy(mnt):
     """Put SIZE random bytes in `src` on the server, read them through the mount and write them to `dst`
-    the way cp-like tools do (same offsets); return (open fd of dst, the bytes), the copy still held."""
+    the way cp-like tools do (same offsets); yield (open fd of dst, the bytes) while the copy is held.
+    Then close the fd: the server's dst must hold the bytes as soon as that returns."""
     data = os.urandom(SIZE)
     (mnt.backing / "src").write_bytes(data)
     with open(mnt.path / "src", "rb") as f:
         assert f.read() == data
     fd = os.open(mnt.path / "dst", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    for off in range(0, SIZE, MiB):
-        os.pwrite(fd, data[off:off + MiB], off)
-    assert mnt.counters()["recognised_bytes"] == SIZE, mnt.counters()
-    return fd, data
+    try:
+        for off in range(0, SIZE, MiB):
+            os.pwrite(fd, data[off:off + MiB], off)
+        assert mnt.counters()["recognised_bytes"] == SIZE, mnt.counters()
+        yield fd, data
+    finally:
+        os.close(fd)
+    assert_same((mnt.backing / "dst").read_bytes(), data)
 
 
 def assert_same(got, want):
@@ -49,16 +56,12 @@ def test_a_source_changed_before_the_commit_leaves_what_was_written(where, chang
     """Another client rewrites the source (same size, other bytes) after we read it, or removes it (the
     copy then fails): the destination gets the bytes the application wrote, not the source's new ones."""
     mnt = mount_on(where)
-    fd, data = held_copy(mnt)
-    try:
+    with held_copy(mnt) as (_, data):
         time.sleep(0.01)  # a new mtime and ctime even on a coarse clock
         if change == "rewritten":
             (mnt.backing / "src").write_bytes(os.urandom(SIZE))
         else:
             (mnt.backing / "src").unlink()
-    finally:
-        os.close(fd)
-    assert_same((mnt.backing / "dst").read_bytes(), data)
     with open(mnt.path / "dst", "rb") as f:
         assert_same(f.read(), data)
 
@@ -68,8 +71,8 @@ def test_the_data_is_on_the_server_when_close_returns(where, mount_on):
     """SIGKILL the daemon right after close(): nothing it still held may be lost."""
     mnt = mount_on(where)
     pid = mnt.status()["pid"]
-    fd, data = held_copy(mnt)
-    os.close(fd)
+    with held_copy(mnt) as (_, data):
+        pass
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while not gone(pid):
@@ -81,28 +84,20 @@ def test_the_data_is_on_the_server_when_close_returns(where, mount_on):
 @pytest.mark.parametrize("where", WHERE)
 def test_fsync_returns_once_the_data_is_on_the_server(where, mount_on):
     mnt = mount_on(where)
-    fd, data = held_copy(mnt)
-    try:
+    with held_copy(mnt) as (fd, data):
         os.fsync(fd)
         assert_same((mnt.backing / "dst").read_bytes(), data)
-    finally:
-        os.close(fd)
-    assert_same((mnt.backing / "dst").read_bytes(), data)
 
 
 @pytest.mark.parametrize("where", WHERE)
 def test_held_bytes_show_in_stat_and_in_reads(where, mount_on):
     """While the copy is held, fstat and stat give the size written and a second open reads the bytes."""
     mnt = mount_on(where)
-    fd, data = held_copy(mnt)
-    try:
+    with held_copy(mnt) as (fd, data):
         assert os.fstat(fd).st_size == SIZE
         assert os.stat(mnt.path / "dst").st_size == SIZE
         with open(mnt.path / "dst", "rb") as f:
             assert_same(f.read(), data)
-    finally:
-        os.close(fd)
-    assert_same((mnt.backing / "dst").read_bytes(), data)
 
 
 def wait_usable(mnt):
@@ -126,11 +121,7 @@ def test_a_commit_after_smbd_restarted_writes_what_was_held(smb, mount_on):
     state the copy would use are gone, and close() still leaves every held byte on the server."""
     mnt = mount_on("smb-ext4")
     server = smb.lab.server
-    fd, data = held_copy(mnt)
-    try:
+    with held_copy(mnt):
         server.kill()
         server.start()
         wait_usable(mnt)
-    finally:
-        os.close(fd)
-    assert_same((mnt.backing / "dst").read_bytes(), data)
