@@ -165,7 +165,8 @@ def ganesha_server(path, net=None, port=PORT, root_squash=False, grace=None):
 @contextlib.contextmanager
 def ganesha_lab(rate=None, servers=1, kind="xfs", root_squash=False, grace=None):
     """Yield a Lab of `servers` ganeshas, each in its own namespace (link
-    shaped to `rate` if given) exporting a directory on a fresh `kind` loop
+    shaped to `rate` if given: one rate or a (down, up) pair, as for
+    net.server_namespace) exporting a directory on a fresh `kind` loop
     filesystem; `root_squash` and `grace` as for ganesha_server."""
     with contextlib.ExitStack() as stack:
         started = []

@@ -2,7 +2,8 @@
 
 Server-side copy only pays off when the wire is the bottleneck, so the SMB
 tests put each server behind its own veth link, optionally shaped with tc tbf
-in both directions, and count the bytes that cross the client end. Addresses
+on each direction (at one rate, or at two for an asymmetric link such as
+ASYMMETRIC), and count the bytes that cross the client end. Addresses
 come from 10.213.0.0/16, one /24 per namespace; they exist only on our veths.
 
 Namespaces are named offloadfs-lab-PID-N so parallel runs never collide; one
@@ -31,6 +32,9 @@ NETNS_DIR = Path("/run/netns")
 # enough that the initial burst is a few ms even at 100 Mbit/s.
 BURST = 128 << 10
 LATENCY = "50ms"
+# (down, up): a laptop at home or over a VPN, where what a tool sends up to
+# the server is the bottleneck.
+ASYMMETRIC = ("1gbit", "50mbit")
 
 _serial = itertools.count()
 
@@ -142,14 +146,22 @@ def shape(ipr, index, rate):
     ipr.tc("add", "tbf", index=index, handle="1:", rate=rate, burst=BURST, latency=LATENCY)
 
 
+def directions(rate):
+    """(down, up) of a rate: one for both ("1gbit"), or a (down, up) pair; None leaves that way unshaped."""
+    return tuple(rate) if isinstance(rate, (tuple, list)) else (rate, rate)
+
+
 @contextlib.contextmanager
 def server_namespace(rate=None):
     """Yield a Namespace linked to this one by a veth pair.
 
-    rate ("100mbit", "1gbit", ...) shapes both directions with tc tbf. The
+    rate ("100mbit", "1gbit", ...) shapes both directions with tc tbf; a
+    (down, up) pair such as ASYMMETRIC shapes server -> client at down and
+    client -> server at up (each veth end shapes what it sends). The
     namespace, the veth and any process still inside are gone on exit, also
     when the body or the setup itself fails.
     """
+    down, up = directions(rate)
     pid, serial = os.getpid(), next(_serial)
     name, client_if = f"{PREFIX}{pid}-{serial}", client_if_name(pid, serial)
     try:
@@ -166,15 +178,15 @@ def server_namespace(rate=None):
                 index = ipr.link_lookup(ifname=client_if)[0]
                 ipr.addr("add", index=index, address=client_addr, prefixlen=24)
                 ipr.link("set", index=index, state="up")
-                if rate:
-                    shape(ipr, index, rate)
+                if up:
+                    shape(ipr, index, up)
         with IPRoute(netns=name) as ipr:
             for ifname in ("lo", "lab0"):
                 ipr.link("set", index=ipr.link_lookup(ifname=ifname)[0], state="up")
             index = ipr.link_lookup(ifname="lab0")[0]
             ipr.addr("add", index=index, address=server_addr, prefixlen=24)
-            if rate:
-                shape(ipr, index, rate)
+            if down:
+                shape(ipr, index, down)
         yield Namespace(name, client_if, client_addr, server_addr)
     finally:
         destroy(name, client_if)

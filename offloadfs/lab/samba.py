@@ -251,7 +251,8 @@ def smb_server(shares, net=None):
 @contextlib.contextmanager
 def samba_lab(kinds=("btrfs", "xfs", "ext4"), rate=None, servers=1, durable=()):
     """Yield a Lab of `servers` smbds, each in its own namespace (link shaped
-    to `rate` if given) with one share per kind on a fresh loop filesystem,
+    to `rate` if given: one rate or a (down, up) pair, as for
+    net.server_namespace) with one share per kind on a fresh loop filesystem,
     and a KIND-durable share beside it for each kind in `durable`."""
     with contextlib.ExitStack() as stack:
         started = []

@@ -142,8 +142,9 @@ def nfsd_lab(guests=1, rate=None, size=DEFAULT_SIZE, kernel=KERNEL, ssc=False):
 
     Each exports a fresh sparse xfs image of `size` bytes (reflink on) as
     /export, read-write, no root squash. rate shapes the namespace's link
-    (tbf). kernel is the Debian linux-image package to boot. ssc: guests can
-    copy between each other (the first run builds nfsd, ~1.5 min). Every qemu,
+    (tbf; one rate or a (down, up) pair, as for net.server_namespace).
+    kernel is the Debian linux-image package to boot. ssc: guests can copy
+    between each other (the first run builds nfsd, ~1.5 min). Every qemu,
     the images, taps, bridge and namespace are gone on exit.
     """
     with contextlib.ExitStack() as stack:

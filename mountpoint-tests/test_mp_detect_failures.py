@@ -1,0 +1,127 @@
+"""A recognised copy that fails never loses or changes what the application wrote.
+
+A tool that copies with read()+write() has its writes held while the daemon recognises them as data it
+served; they are committed as a server-side copy at close() or fsync(). Every way that commit can go wrong
+must still leave the destination holding exactly the bytes written: the source rewritten or removed on
+the server before the commit, the daemon killed right after close() returned, smbd restarted between the writes and
+the close, and a stat or a second open while the bytes are held. Each test first checks that its writes
+were recognised (else it would test plain writes) and then compares the destination byte for byte, on
+the server's disk (mnt.backing), not through the mount.
+"""
+
+import contextlib
+import os
+import signal
+import time
+
+import pytest
+from mpkit import MiB, gone
+
+from offloadfs.backends.smb.client import RECONNECT_DELAY_MAX
+
+SIZE = 4 * MiB
+WHERE = ("local-btrfs", "smb-ext4")
+
+
+@contextlib.contextmanager
+def held_copy(mnt):
+    """Put SIZE random bytes in `src` on the server, read them through the mount and write them to `dst`
+    the way cp-like tools do (same offsets); yield (open fd of dst, the bytes) while the copy is held.
+    Then close the fd: the server's dst must hold the bytes as soon as that returns."""
+    data = os.urandom(SIZE)
+    (mnt.backing / "src").write_bytes(data)
+    with open(mnt.path / "src", "rb") as f:
+        assert f.read() == data
+    fd = os.open(mnt.path / "dst", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for off in range(0, SIZE, MiB):
+            os.pwrite(fd, data[off:off + MiB], off)
+        assert mnt.counters()["recognised_bytes"] == SIZE, mnt.counters()
+        yield fd, data
+    finally:
+        os.close(fd)
+    assert_same((mnt.backing / "dst").read_bytes(), data)
+
+
+def assert_same(got, want):
+    """Byte for byte, naming the first offset that differs."""
+    assert len(got) == len(want), f"{len(got)} bytes, wanted {len(want)}"
+    bad = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), None)
+    assert bad is None, f"first wrong byte at offset {bad}"
+
+
+@pytest.mark.parametrize("change", ["rewritten", "removed"])
+@pytest.mark.parametrize("where", WHERE)
+def test_a_source_changed_before_the_commit_leaves_what_was_written(where, change, mount_on):
+    """Another client rewrites the source (same size, other bytes) after we read it, or removes it (the
+    copy then fails): the destination gets the bytes the application wrote, not the source's new ones."""
+    mnt = mount_on(where)
+    with held_copy(mnt) as (_, data):
+        time.sleep(0.01)  # a new mtime and ctime even on a coarse clock
+        if change == "rewritten":
+            (mnt.backing / "src").write_bytes(os.urandom(SIZE))
+        else:
+            (mnt.backing / "src").unlink()
+    with open(mnt.path / "dst", "rb") as f:
+        assert_same(f.read(), data)
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_the_data_is_on_the_server_when_close_returns(where, mount_on):
+    """SIGKILL the daemon right after close(): nothing it still held may be lost."""
+    mnt = mount_on(where)
+    pid = mnt.status()["pid"]
+    with held_copy(mnt) as (_, data):
+        pass
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not gone(pid):
+        assert time.monotonic() < deadline, "the daemon outlived SIGKILL by 10 s"
+        time.sleep(0.02)
+    assert_same((mnt.backing / "dst").read_bytes(), data)
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_fsync_returns_once_the_data_is_on_the_server(where, mount_on):
+    mnt = mount_on(where)
+    with held_copy(mnt) as (fd, data):
+        os.fsync(fd)
+        assert_same((mnt.backing / "dst").read_bytes(), data)
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_held_bytes_show_in_stat_and_in_reads(where, mount_on):
+    """While the copy is held, fstat and stat give the size written and a second open reads the bytes."""
+    mnt = mount_on(where)
+    with held_copy(mnt) as (fd, data):
+        assert os.fstat(fd).st_size == SIZE
+        assert os.stat(mnt.path / "dst").st_size == SIZE
+        with open(mnt.path / "dst", "rb") as f:
+            assert_same(f.read(), data)
+
+
+def wait_usable(mnt):
+    """Return once the mount reaches the restarted server again: a new file made on the server side reads
+    back through the mount (a new name each try, so no cached lookup answers)."""
+    deadline = time.monotonic() + RECONNECT_DELAY_MAX + 10
+    for i in range(10**6):
+        probe = os.urandom(16)
+        (mnt.backing / f"probe{i}").write_bytes(probe)
+        try:
+            if (mnt.path / f"probe{i}").read_bytes() == probe:
+                return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "the mount did not reach the restarted smbd"
+        time.sleep(0.2)
+
+
+def test_a_commit_after_smbd_restarted_writes_what_was_held(smb, mount_on):
+    """smbd is killed and started again between the writes and the close: the handles and the server's
+    state the copy would use are gone, and close() still leaves every held byte on the server."""
+    mnt = mount_on("smb-ext4")
+    server = smb.lab.server
+    with held_copy(mnt):
+        server.kill()
+        server.start()
+        wait_usable(mnt)
