@@ -29,7 +29,7 @@ from .stats import OFFLOADS
 log = logging.getLogger(__name__)
 
 BLOCK = 64 << 10
-SERVED_BLOCKS = 1 << 17  # blocks remembered: 8 GiB of served data, some 50 MB of index
+SERVED_BLOCKS = 1 << 15  # blocks remembered: 2 GiB of served data, some 12 MB of index
 TAILS = 256  # files whose last partial block served is kept to complete with the next read
 HELD_MAX = 64 << 20  # bytes held for pending copies in all; past it the oldest files commit
 
