@@ -49,6 +49,7 @@ class Options:
     attr_timeout: float = 1.0
     entry_timeout: float = 1.0
     offload: bool = True
+    always_offload: bool = False  # offload=always: wherever possible, whatever the cost model says
 
 
 @dataclass(slots=True)
@@ -101,7 +102,7 @@ class Filesystem(Operations):
         """``sources``: {name: backend}; one source is mounted at the root itself."""
         self.options = options
         self.stats = stats
-        self.planner = Planner(stats, options.offload)
+        self.planner = Planner(stats, options.offload, options.always_offload)
         self.sources = [Source(name, backend, i) for i, (name, backend) in enumerate(sources.items())]
         self.multi = len(self.sources) > 1
         self.cache = AttrCache(options.attr_timeout)
@@ -595,18 +596,21 @@ class Filesystem(Operations):
 
     async def read(self, ctx, nodeid, fh, offset, size):
         h = self._handle(fh)
+        started = trio.current_time()
         data = await h.inode.source.backend.read(h.file, offset, size)
+        self.planner.carried(h.inode.source.backend, "read", started, len(data))
         self.stats.fuse_read_bytes += len(data)
         return data
 
     async def write(self, ctx, nodeid, fh, offset, data, kill_suidgid):
         h = self._handle(fh)
-        n = 0
+        n, started = 0, trio.current_time()
         while n < len(data):  # the kernel takes a short write as an error for most callers
             written = await h.inode.source.backend.write(h.file, offset + n, data[n:])
             if written <= 0:
                 raise OSError(errno.EIO, "the server accepted no data")
             n += written
+        self.planner.carried(h.inode.source.backend, "write", started, n)
         self.stats.fuse_write_bytes += n
         self._stale(h.inode)
         if kill_suidgid:

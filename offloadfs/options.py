@@ -122,8 +122,8 @@ def parse(mountpoint, source, option_strings):
             fs.umask = _int(name, value, 8) & 0o777
         elif name in ("attr_timeout", "entry_timeout") and eq:
             setattr(fs, name, _seconds(name, value))
-        elif name == "offload" and value in ("on", "off"):
-            fs.offload = value == "on"
+        elif name == "offload" and value in ("on", "off", "always"):
+            fs.offload, fs.always_offload = value != "off", value == "always"
         elif name == "source" and eq:
             src_name, _, url = value.partition("=")
             _add_source(config, src_name, url)
@@ -132,7 +132,7 @@ def parse(mountpoint, source, option_strings):
         elif name == "logfile" and eq:
             config.logfile = _logfile(value)
         elif name == "offload":
-            raise OptionError(f"option {opt}: use offload=on or offload=off")
+            raise OptionError(f"option {opt}: use offload=on, offload=off or offload=always")
         elif name in VALUED:
             raise OptionError(f"option {name} needs a value: {name}=...")
         else:

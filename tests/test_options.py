@@ -8,7 +8,14 @@ def test_defaults_and_flags():
     assert c.sources == {"source": "/srv"}
     assert c.fs.ro and c.allow_other and c.fs.uid == 1000 and c.fs.umask == 0o22
     assert c.default_permissions  # allow_other never opens the sources to everyone
-    assert c.fs.offload
+    assert c.fs.offload and not c.fs.always_offload
+
+
+@pytest.mark.parametrize("value,offload,always", [("on", True, False), ("off", False, False),
+                                                   ("always", True, True)])
+def test_offload_modes(value, offload, always):
+    c = parse("/mnt", "/srv", [f"offload={value}"])
+    assert (c.fs.offload, c.fs.always_offload) == (offload, always)
 
 
 def test_sources_from_options_and_config(tmp_path):
@@ -23,7 +30,7 @@ def test_sources_from_options_and_config(tmp_path):
     ("/srv", ["bogus"], "unknown mount option 'bogus'"),
     ("/srv", ["uid=abc"], "not a number"),
     ("/srv", ["attr_timeout=-1"], "between 0"),
-    ("/srv", ["offload=maybe"], "offload=on or offload=off"),
+    ("/srv", ["offload=maybe"], "offload=off or offload=always"),
     ("/srv", ["source=a=/x"], "not both"),
     (None, ["source=a/b=/x"], "plain directory name"),
     (None, ["source=a=/x,source=a=/y"], "given twice"),
