@@ -1,6 +1,7 @@
 """What the cp benchmarks share: timing cp with offload (the planner choosing), with the offload forced
 (`offload=always`) and without it (`offload=off`) side by side, and printing rows."""
 import statistics
+import subprocess
 
 from offloadfs.lab.demo import timed_cp
 from offloadfs.cli import read_status
@@ -26,13 +27,15 @@ def chosen(before, after):
     return ">".join(moved) if switched else moved or "-"
 
 
-def medians(mounts, store, sizes, src_dir="", dst_dir="", sources=None):
+def medians(mounts, store, sizes, src_dir="", dst_dir="", sources=None, fresh=False):
     """{size: ({tag: median s}, [method letters of each run with offload=on])} of cp
     src_dir/src-SIZE dst_dir/... through each of ``mounts`` ({tag: mountpoint}, tags of MODES).
 
     The mounts take turns, so that a busy moment on the machine hits all alike; every copy gets a new
     name and is removed through ``store`` (where the files are seen without the mounts' caches), the
-    sources at the end through ``sources`` (default: ``store``).
+    sources at the end through ``sources`` (default: ``store``).  ``fresh``: every run copies its own
+    clone of the source (made by cp through ``sources``, where it clones), so that no run finds the
+    source in a cache an earlier one filled (an inter-server copy's puller caches what it read).
     """
     results = {}
     for size, reps in sizes.items():
@@ -41,9 +44,14 @@ def medians(mounts, store, sizes, src_dir="", dst_dir="", sources=None):
         runs = []
         for i in range(reps):
             for tag, mnt in mounts.items():
-                dst = f"{src}.{tag}{i}"
+                dst, copied = f"{src}.{tag}{i}", src
+                if fresh:
+                    copied = f"{dst}.src"
+                    subprocess.run(["cp", (sources or store) / src, (sources or store) / copied], check=True)
                 before = read_status(mnt)["counters"]
-                times[tag].append(timed_cp(mnt / src_dir / src, mnt / dst_dir / dst))
+                times[tag].append(timed_cp(mnt / src_dir / copied, mnt / dst_dir / dst))
+                if fresh:
+                    ((sources or store) / copied).unlink()
                 if tag == "on":
                     runs.append(chosen(before, read_status(mnt)["counters"]))
                 (store / dst).unlink()

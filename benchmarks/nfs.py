@@ -12,7 +12,8 @@ through a mount where the planner chooses, one with offload=always and one
 with offload=off, taking turns, and prints the medians, the planner's
 against the faster of the other two, and the methods it chose each run
 (c clone, s server-side copy, i inter-server copy, S stream; i>S: switched
-mid-copy). The planner must never lose (on/best <= 1.05) and at 64 MiB in
+mid-copy; between guests every run copies a fresh clone of the source, as
+the pulling guest caches what it read). The planner must never lose (on/best <= 1.05) and at 64 MiB in
 one guest it should win at least 20x; rows that miss are marked. Source
 files are written through another mount and every copy gets a new name
 (deleted afterwards), so no run sees another's caches or leftovers.
@@ -55,7 +56,7 @@ def measure_between(urls, sizes):
             write_file(a / f"src-{size}", size)
         sources = {"a": urls[0], "b": urls[1]}
         mounts = {tag: stack.enter_context(offloadfs_mount(sources, options=opts)) for tag, opts in MODES.items()}
-        return medians(mounts, b, sizes, "a", "b", sources=a)
+        return medians(mounts, b, sizes, "a", "b", sources=a, fresh=True)
 
 
 def main():

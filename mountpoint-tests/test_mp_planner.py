@@ -8,6 +8,7 @@ throttled with tc: the offload stalls while streaming is as fast as before,
 and the copy must end by streaming, byte-exact, with status saying so.
 """
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ from mpkit import MiB, sha256, write_file
 
 from offloadfs.cli import read_status
 from offloadfs.lab.mount import offloadfs_mount
+from offloadfs.lab.nfsd import nfsd_lab
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="nfsd labs need root (namespaces, taps)"),
@@ -34,16 +36,12 @@ NO_CACHE = ["attr_timeout=0", "entry_timeout=0"]
 
 @pytest.fixture(scope="module")
 def lab():
-    from offloadfs.lab.nfsd import nfsd_lab
-    try:
-        lab = nfsd_lab(guests=2, ssc=True)
-        servers = lab.__enter__()
-    except RuntimeError as e:  # no apt, no compiler, the build failed, a guest did not boot
-        pytest.skip(f"no nfsd guests with inter-server copy: {e}")
-    try:
-        yield servers
-    finally:
-        lab.__exit__(None, None, None)
+    with contextlib.ExitStack() as stack:
+        try:
+            lab = stack.enter_context(nfsd_lab(guests=2, ssc=True))
+        except RuntimeError as e:  # no apt, no compiler, the nfsd build failed, a guest did not boot
+            pytest.skip(f"no nfsd guests with inter-server copy: {e}")
+        yield lab
 
 
 def throttle(lab, tap, source):

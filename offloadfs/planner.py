@@ -5,7 +5,10 @@ clone (copy-on-write, near free) -> server-side copy (the data moves on the
 server, not over our link) -> inter-server copy -> our own streaming copy.
 An offload that the cost model, fed by earlier copies on the same route,
 expects to be slower than streaming this size is skipped: offloading must
-never lose.  A method that cannot serve the request raises NotSupported and
+never lose.  Nor is the model trusted blindly: a running method is watched,
+and one that falls behind what another would need for the rest (a server
+that got busy, a link that got slow) gives way to it mid-copy.  A method
+that cannot serve the request raises NotSupported and
 the next one takes over from the byte where the last stopped, so a copy is
 never handed back to the kernel (whose fallback is slower: 64 KiB writes
 through FUSE).
@@ -198,7 +201,7 @@ class Planner:
                         # What it moved, in the time it took; one that gave way moving nothing
                         # took at least this long for the rest.
                         self.costs.record(route, method, moved or rest, seconds)
-        return switch
+        return switch if record.bytes_done - done < rest else None  # done as the watcher spoke: no switch
 
     def _rival(self, route, rivals, rest, moved, moving, waiting):
         """The rival to switch to, if any: the running method moved ``moved`` of ``rest`` bytes in
