@@ -31,7 +31,8 @@ def medians(mounts, store, sizes, src_dir="", dst_dir="", sources=None, fresh=Fa
     """{size: ({tag: median s}, [method letters of each run with offload=on])} of cp
     src_dir/src-SIZE dst_dir/... through each of ``mounts`` ({tag: mountpoint}, tags of MODES).
 
-    The mounts take turns, so that a busy moment on the machine hits all alike; every copy gets a new
+    The mounts take turns, each run in another order (the copy just before one can still keep the
+    server busy), so that a busy moment on the machine hits all alike; every copy gets a new
     name and is removed through ``store`` (where the files are seen without the mounts' caches), the
     sources at the end through ``sources`` (default: ``store``).  ``fresh``: every run copies its own
     clone of the source (made by cp through ``sources``, where it clones), so that no run finds the
@@ -42,8 +43,10 @@ def medians(mounts, store, sizes, src_dir="", dst_dir="", sources=None, fresh=Fa
         src = f"src-{size}"
         times = {tag: [] for tag in mounts}
         runs = []
+        tags = list(mounts)
         for i in range(reps):
-            for tag, mnt in mounts.items():
+            for tag in tags[i % len(tags):] + tags[:i % len(tags)]:
+                mnt = mounts[tag]
                 dst, copied = f"{src}.{tag}{i}", src
                 if fresh:
                     copied = f"{dst}.src"

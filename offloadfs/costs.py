@@ -19,6 +19,9 @@ from collections import defaultdict, deque
 SAMPLES = 32  # the newest samples per route, method and size class
 HALF_LIFE = 30.0  # seconds after which a sample weighs half as much as a new one
 FORGOTTEN = 1 / 16  # samples weighing less than this together: as good as none (4 half-lives)
+# A method's first run on a route pays for setting it up (an NFS open state, an inter-server COPY's
+# mount of the source server): one sample alone is no verdict.
+TRUSTED = 2
 # A read, write or copy this large tells a rate; smaller ones tell the fixed cost.  Kept apart, so
 # that many small requests cannot push the few large ones out.
 RATE_MIN = 256 << 10
@@ -54,6 +57,11 @@ class CostModel:
 
     def known(self, route, method):
         return self._weight((route, method)) >= FORGOTTEN
+
+    def trusted(self, route, method):
+        """Enough samples, not all faded, to judge ``method`` on ``route`` by."""
+        return self.known(route, method) and sum(
+            len(self._samples.get((route, method, large), ())) for large in (False, True)) >= TRUSTED
 
     def predict(self, route, method, nbytes):
         """Seconds for ``nbytes`` by ``method`` on ``route``, or None while too little is known.

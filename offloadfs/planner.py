@@ -87,14 +87,14 @@ class Planner:
         if not offloads or self.always:
             return methods
         stream = self.costs.predict(route, "stream", length)
+        costs = {m: self.costs.predict(route, m, length) if self.costs.trusted(route, m) else None
+                 for m in offloads}
         if stream is None:
-            # Streaming unmeasured where an offload is: stream to learn, watched against the offload.
-            learned = any(self.costs.known(route, m) for m in offloads)
-            return ["stream"] + offloads if learned else methods
+            # Streaming unmeasured: stream to learn it where an offload's cost is known to watch it against.
+            return ["stream"] + offloads if any(c is not None for c in costs.values()) else methods
         faster, slower = [], []
         for m in offloads:
-            cost = self.costs.predict(route, m, length)
-            (faster if cost is None or cost < stream else slower).append(m)
+            (faster if costs[m] is None or costs[m] < stream else slower).append(m)
         return faster + ["stream"] + slower
 
     async def copy(self, src: Endpoint, off_in, dst: Endpoint, off_out, length):
