@@ -1,10 +1,16 @@
-"""What the cp benchmarks share: timing cp with and without offload side by side, and printing rows."""
+"""What the cp benchmarks share: timing cp with offload (the planner choosing), with the offload forced
+(`offload=always`) and without it (`offload=off`) side by side, and printing rows."""
 import statistics
+import subprocess
 
 from offloadfs.lab.demo import timed_cp
+from offloadfs.cli import read_status
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-MAX_RATIO = 1.05  # offload must never lose
+MAX_RATIO = 1.05  # offload must never lose: against the faster of always and off
+MODES = {"on": [], "always": ["offload=always"], "off": ["offload=off"]}  # tag -> mount options
+# One letter a method in the "chosen" column: what moved the bytes of each run, in order.
+LETTERS = {"clone": "c", "server_copy": "s", "inter_server_copy": "i", "stream": "S"}
 
 
 def label(size):
@@ -14,36 +20,63 @@ def label(size):
     return f"{size} B"
 
 
-def medians(on, off, store, sizes):
-    """{size: (median s with offload, median s without)} of cp src-SIZE inside mounts ``on`` and ``off``.
+def chosen(before, after):
+    """The methods that moved bytes between two status counters, as letters; '>' marks a switch."""
+    moved = "".join(LETTERS[m] for m, n in after["copy_bytes"].items() if n > before["copy_bytes"][m])
+    switched = any(after[k] > before[k] for k in ("switched_to_stream", "switched_to_offload"))
+    return ">".join(moved) if switched else moved or "-"
 
-    The two alternate, so that a busy moment on the machine hits both alike; every copy gets a new name
-    and is removed through ``store`` (where the files are seen without either mount's caches).
+
+def medians(mounts, store, sizes, src_dir="", dst_dir="", sources=None, fresh=False):
+    """{size: ({tag: median s}, [method letters of each run with offload=on])} of cp
+    src_dir/src-SIZE dst_dir/... through each of ``mounts`` ({tag: mountpoint}, tags of MODES).
+
+    The mounts take turns, each run in another order (the copy just before one can still keep the
+    server busy), so that a busy moment on the machine hits all alike; every copy gets a new
+    name and is removed through ``store`` (where the files are seen without the mounts' caches), the
+    sources at the end through ``sources`` (default: ``store``).  ``fresh``: every run copies its own
+    clone of the source (made by cp through ``sources``, where it clones), so that no run finds the
+    source in a cache an earlier one filled (an inter-server copy's puller caches what it read).
     """
     results = {}
     for size, reps in sizes.items():
         src = f"src-{size}"
-        times = {"on": [], "off": []}
+        times = {tag: [] for tag in mounts}
+        runs = []
+        tags = list(mounts)
         for i in range(reps):
-            for tag, mnt in (("on", on), ("off", off)):
-                dst = f"{src}.{tag}{i}"
-                times[tag].append(timed_cp(mnt / src, mnt / dst))
+            for tag in tags[i % len(tags):] + tags[:i % len(tags)]:
+                mnt = mounts[tag]
+                dst, copied = f"{src}.{tag}{i}", src
+                if fresh:
+                    copied = f"{dst}.src"
+                    subprocess.run(["cp", (sources or store) / src, (sources or store) / copied], check=True)
+                before = read_status(mnt)["counters"]
+                times[tag].append(timed_cp(mnt / src_dir / copied, mnt / dst_dir / dst))
+                if fresh:
+                    ((sources or store) / copied).unlink()
+                if tag == "on":
+                    runs.append(chosen(before, read_status(mnt)["counters"]))
                 (store / dst).unlink()
-        results[size] = (statistics.median(times["on"]), statistics.median(times["off"]))
-        (store / src).unlink()
+        results[size] = ({tag: statistics.median(t) for tag, t in times.items()}, runs)
+        ((sources or store) / src).unlink()
     return results
 
 
 def header(first=""):
-    return f"  {first:6} {'size':>8} {'reps':>5} {'offload on':>11} {'offload=off':>12} {'off/on':>8} {'on/off':>7}"
+    return (f"  {first:6} {'size':>8} {'reps':>5} {'offload on':>11} {'always':>9} {'offload=off':>12} "
+            f"{'on/best':>8} {'off/on':>8}  chosen")
 
 
-def row(first, size, reps, on, off, min_speedup=None):
-    """One table line; marks a size where offload lost, or won less than ``min_speedup``."""
+def row(first, size, reps, result, min_speedup=None):
+    """One table line; marks a size where the planner lost against the faster of always and off
+    (by over MAX_RATIO), or won less than ``min_speedup`` against off."""
+    medians, runs = result
+    on, always, off = medians["on"], medians["always"], medians["off"]
     marks = []
-    if on / off > MAX_RATIO:
-        marks.append(f"offload slower (> {MAX_RATIO})")
+    if on / min(always, off) > MAX_RATIO:
+        marks.append(f"planner slower (> {MAX_RATIO})")
     if min_speedup and off / on < min_speedup:
         marks.append(f"under {min_speedup}x")
-    return (f"  {first:6} {label(size):>8} {reps:>5} {on:11.4f} {off:12.4f} {off / on:7.1f}x "
-            f"{on / off:7.2f}  {'; '.join(marks)}")
+    return (f"  {first:6} {label(size):>8} {reps:>5} {on:11.4f} {always:9.4f} {off:12.4f} "
+            f"{on / min(always, off):8.2f} {off / on:7.1f}x  {' '.join(runs)}  {'; '.join(marks)}")

@@ -1,12 +1,14 @@
-"""Benchmark `cp` on Samba shares through offloadfs, with and without offload.
+"""Benchmark `cp` on Samba shares through offloadfs: the planner choosing, the offload forced, no offload.
 
 Not a test: it prints a table and asserts nothing. Run as root:
     .venv/bin/python benchmarks/smb.py [--quick]
 
 The lab's smbd sits behind a 1 Gbit link (tc tbf), with a btrfs (vfs_btrfs),
 an xfs and an ext4 share. For each share and size it times cp through a mount
-with offload and through one with -o offload=off and prints the medians and
-their ratio. Offload must never lose (on/off <= 1.05) and at 1 GiB on btrfs
+where the planner chooses, one with -o offload=always and one with -o
+offload=off and prints the medians, the planner's against the faster of the
+other two, and the methods it chose each run (see cpbench.chosen). The
+planner must never lose (on/best <= 1.05) and at 1 GiB on btrfs
 and xfs it should win at least 50x; rows that miss are marked. Source files
 are written on the server side and every copy gets a new name (deleted on
 the server afterwards), so no run sees another's caches or leftovers.
@@ -15,7 +17,7 @@ the server afterwards), so no run sees another's caches or leftovers.
 import argparse
 import contextlib
 
-from cpbench import GiB, KiB, MiB, header, medians, row
+from cpbench import MODES, GiB, KiB, MiB, header, medians, row
 from offloadfs.lab.demo import write_file
 from offloadfs.lab.samba import samba_lab
 from offloadfs.lab.smbdemo import RATE, share_mount
@@ -33,9 +35,8 @@ def measure(server, kind, sizes):
     for size in sizes:
         write_file(share / f"src-{size}", size)
     with contextlib.ExitStack() as stack:
-        on = stack.enter_context(share_mount(server, kind))
-        off = stack.enter_context(share_mount(server, kind, ["offload=off"]))
-        return medians(on, off, share, sizes)
+        mounts = {tag: stack.enter_context(share_mount(server, kind, opts)) for tag, opts in MODES.items()}
+        return medians(mounts, share, sizes)
 
 
 def main():
@@ -47,9 +48,9 @@ def main():
     print(f"cp through offloadfs on Samba shares, {RATE} link; median seconds")
     print(header("share"))
     for kind, rows in table.items():
-        for size, (on, off) in rows.items():
+        for size, result in rows.items():
             wanted = MIN_SPEEDUP_1G if size == GiB and kind != "ext4" else None
-            print(row(kind, size, sizes[size], on, off, wanted))
+            print(row(kind, size, sizes[size], result, wanted))
 
 
 if __name__ == "__main__":

@@ -240,7 +240,7 @@ MOUNT_OPTIONS = [
     ("allow_other", "let other users in (turns on default_permissions)"),
     ("default_permissions", "let the kernel check permissions"),
     ("uid=N, gid=N, umask=OCT", "owner, group and mode bits shown for every file"),
-    ("offload=on|off", "off: no clones or server-side copies"),
+    ("offload=on|off|always", "off: no clones or server-side copies; always: no cost model"),
     ("detect_copies=on|off", "off: data copied by read and write is written as it comes"),
     ("passthrough", "reads and writes go straight to local backing files (root only)"),
     ("writeback_cache", "the kernel caches writes and sends them in bulk"),

@@ -5,44 +5,111 @@ between the servers: ~0.1 s) and then move bytes fast; our own streaming
 starts at once but pays for every byte twice on the client's link.  Which
 is cheaper depends on the size and the route, so the planner asks this
 model, fed by the copies it timed, rather than a constant.
+
+Streaming is also learned from the reads and writes the daemon carries for
+its users anyway: a stream is a read of the source and a write of the
+destination side by side, so no copy has to lose to teach the model what
+streaming costs.  Servers get busy and links change: a sample weighs half
+as much every HALF_LIFE seconds, and a method whose samples have all faded
+counts as unmeasured again, so it is tried afresh.
 """
+import time
 from collections import defaultdict, deque
 
-SAMPLES = 32  # the newest copies per route and method; servers and links change
+SAMPLES = 32  # the newest samples per route, method and size class
+HALF_LIFE = 30.0  # seconds after which a sample weighs half as much as a new one
+FORGOTTEN = 1 / 16  # samples weighing less than this together: as good as none (4 half-lives)
+# A method's first run on a route pays for setting it up (an NFS open state, an inter-server COPY's
+# mount of the source server): one sample alone is no verdict.
+TRUSTED = 2
+# A read, write or copy this large tells a rate; smaller ones tell the fixed cost.  Kept apart, so
+# that many small requests cannot push the few large ones out.
+RATE_MIN = 256 << 10
+BURST_MAX = 64 << 20  # requests that overlap in time are one sample, up to this many bytes
 
 
 class CostModel:
-    def __init__(self):
-        self._samples = defaultdict(lambda: deque(maxlen=SAMPLES))  # (route, method) -> [(bytes, s)]
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self._samples = defaultdict(lambda: deque(maxlen=SAMPLES))  # (key, what, large) -> [(bytes, s, when)]
+        self._bursts = {}  # (backend, "read" or "write") -> [start, end, bytes] of the requests still merging
 
     def record(self, route, method, nbytes, seconds):
-        self._samples[route, method].append((nbytes, seconds))
+        self._add((route, method), nbytes, seconds, self.clock())
+
+    def _add(self, key, nbytes, seconds, when):
+        self._samples[(*key, nbytes >= RATE_MIN)].append((nbytes, seconds, when))
+
+    def carried(self, backend, op, start, nbytes):
+        """A read or write (``op``) of ``nbytes`` from/to ``backend`` that began at ``start``.
+
+        Requests in flight side by side (the kernel reads ahead, the backends split) share
+        the time: overlapping ones are merged into one sample, or each would look slower
+        than the link is."""
+        end = self.clock()
+        burst = self._bursts.get((backend, op))
+        if burst is not None and start <= burst[1] and burst[2] < BURST_MAX:
+            burst[0], burst[1], burst[2] = min(burst[0], start), max(burst[1], end), burst[2] + nbytes
+            return
+        if burst is not None:
+            self._add((backend, op), burst[2], burst[1] - burst[0], burst[1])
+        self._bursts[backend, op] = [start, end, nbytes]
 
     def known(self, route, method):
-        return bool(self._samples[route, method])
+        return self._weight((route, method)) >= FORGOTTEN
+
+    def trusted(self, route, method):
+        """Enough samples, not all faded, to judge ``method`` on ``route`` by."""
+        return self.known(route, method) and sum(
+            len(self._samples.get((route, method, large), ())) for large in (False, True)) >= TRUSTED
 
     def predict(self, route, method, nbytes):
-        """Seconds for ``nbytes`` by ``method`` on ``route``, or None while too little is known."""
-        samples = self._samples[route, method]
-        if not samples:
+        """Seconds for ``nbytes`` by ``method`` on ``route``, or None while too little is known.
+        Streaming on a route never streamed is a read from its source and a write to its
+        destination, as the traffic the daemon carried has cost."""
+        line = self._line((route, method), nbytes)
+        if line is None and method == "stream":
+            src, dst = route
+            read, write = self._line((src, "read"), None), self._line((dst, "write"), None)
+            if read is not None and write is not None:
+                # Reader and writer run side by side: the slower sets the pace.
+                line = (read[0] + write[0], max(read[1], write[1]))
+        return None if line is None else line[0] + line[1] * nbytes
+
+    def _weighted(self, key):
+        now = self.clock()
+        samples = [s for large in (False, True) for s in self._samples.get((*key, large), ())]
+        burst = self._bursts.get(key)  # a backend's requests still merging: as they stand now
+        if burst is not None:
+            samples.append((burst[2], burst[1] - burst[0], burst[1]))
+        return [(n, t, 0.5 ** ((now - when) / HALF_LIFE)) for n, t, when in samples]
+
+    def _weight(self, key):
+        return sum(w for _, _, w in self._weighted(key))
+
+    def _line(self, key, nbytes):
+        """(fixed, per_byte) from the samples under ``key``; with one size seen only, the mean
+        for ``nbytes`` near it, or a rate from a large one (its fixed cost counted as rate)."""
+        samples = self._weighted(key)
+        total = sum(w for _, _, w in samples)
+        if total < FORGOTTEN:
             return None
-        sizes = {n for n, _ in samples}
+        sizes = {n for n, _, _ in samples}
         if len(sizes) == 1:
             (size,) = sizes
-            if not size / 2 <= nbytes <= size * 2:
-                return None  # one size seen: no way yet to tell fixed cost from rate
-            return sum(t for _, t in samples) / len(samples)
-        fixed, per_byte = _fit(samples)
-        return fixed + per_byte * nbytes
+            mean_t = sum(t * w for _, t, w in samples) / total
+            if nbytes is not None and size / 2 <= nbytes <= size * 2:
+                return mean_t, 0.0
+            return (0.0, mean_t / size) if size >= RATE_MIN else None
+        return _fit(samples, total)
 
 
-def _fit(samples):
-    """Least squares t = fixed + per_byte * n, neither below zero."""
-    count = len(samples)
-    mean_n = sum(n for n, _ in samples) / count
-    mean_t = sum(t for _, t in samples) / count
-    var = sum((n - mean_n) ** 2 for n, _ in samples)
-    per_byte = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in samples) / var)
+def _fit(samples, total):
+    """Weighted least squares t = fixed + per_byte * n, neither below zero."""
+    mean_n = sum(n * w for n, _, w in samples) / total
+    mean_t = sum(t * w for _, t, w in samples) / total
+    var = sum(w * (n - mean_n) ** 2 for n, _, w in samples)
+    per_byte = max(0.0, sum(w * (n - mean_n) * (t - mean_t) for n, t, w in samples) / var)
     fixed = mean_t - per_byte * mean_n
     if fixed < 0:
         fixed, per_byte = 0.0, mean_t / mean_n

@@ -52,6 +52,7 @@ class Options:
     entry_timeout: float = 1.0
     offload: bool = True
     detect_copies: bool = True
+    always_offload: bool = False  # offload=always: wherever possible, whatever the cost model says
 
 
 @dataclass(slots=True)
@@ -106,7 +107,7 @@ class Filesystem(Operations):
         """``sources``: {name: backend}; one source is mounted at the root itself."""
         self.options = options
         self.stats = stats
-        self.planner = Planner(stats, options.offload)
+        self.planner = Planner(stats, options.offload, options.always_offload)
         self.sources = [Source(name, backend, i) for i, (name, backend) in enumerate(sources.items())]
         self.multi = len(self.sources) > 1
         self.cache = AttrCache(options.attr_timeout)
@@ -624,13 +625,16 @@ class Filesystem(Operations):
         inode = h.inode
         await self._settle(inode)
         if self.recogniser is None or inode.source.index not in self.copies_from:
+            started = trio.current_time()
             data = await inode.source.backend.read(h.file, offset, size)
         else:
             # The version is taken before the read: data changed after it is caught at commit.
             st = await self._getattr(inode, h.file)
+            started = trio.current_time()
             data = await inode.source.backend.read(h.file, offset, size)
             self.recogniser.served.add(inode.key, recognise.version(st, inode), offset, data,
                                        len(data) < size or offset + len(data) >= st.size)
+        self.planner.carried(inode.source.backend, "read", started, len(data))
         self.stats.fuse_read_bytes += len(data)
         return data
 
@@ -649,12 +653,13 @@ class Filesystem(Operations):
 
     async def _send(self, h, offset, data):
         """Write all of ``data``: the kernel takes a short write as an error for most callers."""
-        n = 0
+        n, started = 0, trio.current_time()
         while n < len(data):
             written = await h.inode.source.backend.write(h.file, offset + n, data[n:])
             if written <= 0:
                 raise OSError(errno.EIO, "the server accepted no data")
             n += written
+        self.planner.carried(h.inode.source.backend, "write", started, n)
 
     async def _settle(self, *inodes):
         """Commit what these files hold for recognised copies: before anything that could tell."""

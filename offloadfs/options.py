@@ -123,8 +123,10 @@ def parse(mountpoint, source, option_strings):
             fs.umask = _int(name, value, 8) & 0o777
         elif name in ("attr_timeout", "entry_timeout") and eq:
             setattr(fs, name, _seconds(name, value))
-        elif name in ("offload", "detect_copies") and value in ("on", "off"):
-            setattr(fs, name, value == "on")
+        elif name == "offload" and value in ("on", "off", "always"):
+            fs.offload, fs.always_offload = value != "off", value == "always"
+        elif name == "detect_copies" and value in ("on", "off"):
+            fs.detect_copies = value == "on"
         elif name == "source" and eq:
             src_name, _, url = value.partition("=")
             _add_source(config, src_name, url)
@@ -132,8 +134,10 @@ def parse(mountpoint, source, option_strings):
             read_config_file(config, value)
         elif name == "logfile" and eq:
             config.logfile = _logfile(value)
-        elif name in ("offload", "detect_copies"):
-            raise OptionError(f"option {opt}: use {name}=on or {name}=off")
+        elif name == "offload":
+            raise OptionError(f"option {opt}: use offload=on, offload=off or offload=always")
+        elif name == "detect_copies":
+            raise OptionError(f"option {opt}: use detect_copies=on or detect_copies=off")
         elif name in VALUED:
             raise OptionError(f"option {name} needs a value: {name}=...")
         else:

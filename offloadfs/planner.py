@@ -5,7 +5,10 @@ clone (copy-on-write, near free) -> server-side copy (the data moves on the
 server, not over our link) -> inter-server copy -> our own streaming copy.
 An offload that the cost model, fed by earlier copies on the same route,
 expects to be slower than streaming this size is skipped: offloading must
-never lose.  A method that cannot serve the request raises NotSupported and
+never lose.  Nor is the model trusted blindly: a running method is watched,
+and one that falls behind what another would need for the rest (a server
+that got busy, a link that got slow) gives way to it mid-copy.  A method
+that cannot serve the request raises NotSupported and
 the next one takes over from the byte where the last stopped, so a copy is
 never handed back to the kernel (whose fallback is slower: 64 KiB writes
 through FUSE).
@@ -14,7 +17,6 @@ import contextlib
 import errno
 import logging
 import math
-import time
 from dataclasses import dataclass
 
 import trio
@@ -28,9 +30,10 @@ log = logging.getLogger(__name__)
 
 STREAM_CHUNK = 8 << 20
 STREAM_AHEAD = 2  # chunks read ahead of the writer
-# While streaming on a route is unmeasured, copies up to this size stream once to learn
-# its cost: being wrong about a small copy costs little.
-EXPLORE_LIMIT = 1 << 20
+# A running method gives way to another when it is expected to take this much longer than
+# the other for the rest of the copy; the watcher looks every WATCH seconds.
+SWITCH_RATIO = 1.5
+WATCH = 0.1
 # A failed copy cuts off what it may have left past its end (see Planner._trim); errors that say
 # the server is out of reach now are retried this long, every TRIM_RETRY seconds.
 TRIM_WAIT = 20
@@ -64,26 +67,35 @@ def plan(src: Endpoint, dst: Endpoint, offload: bool):
 
 
 class Planner:
-    def __init__(self, stats, offload=True):
+    def __init__(self, stats, offload=True, always=False):
+        """``always``: offload wherever the backends can, whatever the cost model says."""
         self.stats = stats
         self.offload = offload
-        self.costs = CostModel()
+        self.always = always
+        self.costs = CostModel(trio.current_time)
+
+    def carried(self, backend, op, started, nbytes):
+        """A user's read or write (``op``) through ``backend`` that began at ``started``
+        (trio.current_time()): what streaming from or to it costs."""
+        self.costs.carried(id(backend), op, started, nbytes)
 
     def choose(self, route, methods, length):
-        """Drop the offloads expected to lose against streaming ``length`` bytes on ``route``."""
+        """The methods in the order to try them: offloads expected to lose against streaming
+        ``length`` bytes on ``route`` come after streaming (a watched stream that turns out
+        slower gives way to them, see _attempt)."""
         offloads = methods[:-1]
-        if not offloads:
+        if not offloads or self.always:
             return methods
         stream = self.costs.predict(route, "stream", length)
+        costs = {m: self.costs.predict(route, m, length) if self.costs.trusted(route, m) else None
+                 for m in offloads}
         if stream is None:
-            learned = any(self.costs.known(route, m) for m in offloads)
-            return ["stream"] if learned and length <= EXPLORE_LIMIT else methods
-        faster = []
+            # Streaming unmeasured: stream to learn it where an offload's cost is known to watch it against.
+            return ["stream"] + offloads if any(c is not None for c in costs.values()) else methods
+        faster, slower = [], []
         for m in offloads:
-            cost = self.costs.predict(route, m, length)
-            if cost is None or cost < stream:
-                faster.append(m)
-        return faster + ["stream"]
+            (faster if costs[m] is None or costs[m] < stream else slower).append(m)
+        return faster + ["stream"] + slower
 
     async def copy(self, src: Endpoint, off_in, dst: Endpoint, off_out, length):
         """Copy up to ``length`` bytes; returns the count, short at the source's EOF or where a
@@ -110,19 +122,21 @@ class Planner:
         record = self.stats.start_copy(src.label, dst.label, length)
         failed = True
         try:
-            for method in methods:
-                started = time.monotonic()
-                record.method = method  # what `offloadfs status` shows while it runs
-                done = record.bytes_done
-                try:
-                    n = await getattr(self, "_" + method)(src, off_in + done, dst, off_out + done,
-                                                          length - done, record)
-                except NotSupported:
-                    continue
-                if n == length:  # one method did it all: a clean sample of its cost
-                    self.costs.record(route, method, n, time.monotonic() - started)
-                if record.bytes_done >= length:
-                    break
+            gave_way = set()
+            while methods and record.bytes_done < length:
+                method = methods.pop(0)
+                rivals = [] if self.always else [m for m in methods if m not in gave_way]
+                if method != "stream":
+                    rivals = [m for m in rivals if m == "stream"]
+                rival = await self._attempt(route, method, rivals, src, off_in, dst, off_out, length, record)
+                if rival is not None:
+                    log.info("copy to %s: %s gives way to %s at byte %d", dst.label, method, rival,
+                             record.bytes_done)
+                    self.stats.switched(record, rival)
+                    gave_way.add(method)
+                    methods = [rival] + [m for m in methods if m != rival]
+                    if "stream" not in methods:
+                        methods.append("stream")  # the last resort, should the offload refuse
             failed = False
             return record.by_method
         except BaseException as e:
@@ -157,6 +171,63 @@ class Planner:
                     await trio.sleep(TRIM_RETRY)
         log.warning("a failed copy may have left %s longer than what was copied (%d bytes): its server "
                     "could not be reached to cut it", dst.label, keep)
+
+    async def _attempt(self, route, method, rivals, src, off_in, dst, off_out, length, record):
+        """Run ``method`` on the rest of the copy, watched against ``rivals``; times it into the
+        cost model.  Returns the rival it stopped for (the copy goes on from record.bytes_done,
+        the part done without a gap), or None: done, or NotSupported."""
+        done, started = record.bytes_done, trio.current_time()
+        rest = length - done
+        record.method = method  # what `offloadfs status` shows while it runs
+        switch = None
+        run = trio.CancelScope()
+
+        async def watch():
+            nonlocal switch
+            seen, last = done, started  # progress comes in steps: a rate from the last one
+            while True:
+                await trio.sleep(WATCH)
+                now = trio.current_time()
+                if record.bytes_done > seen:
+                    seen, last = record.bytes_done, now
+                switch = self._rival(route, rivals, rest, seen - done, last - started, now - last)
+                if switch is not None:
+                    run.cancel()
+                    return
+
+        with unwrap_single():
+            async with trio.open_nursery() as nursery:
+                if rivals:
+                    nursery.start_soon(watch)
+                try:
+                    with run:
+                        await getattr(self, "_" + method)(src, off_in + done, dst, off_out + done, rest, record)
+                except NotSupported:
+                    pass
+                finally:
+                    nursery.cancel_scope.cancel()
+                    moved, seconds = record.bytes_done - done, trio.current_time() - started
+                    if moved or switch is not None:
+                        # What it moved, in the time it took; one that gave way moving nothing
+                        # took at least this long for the rest.
+                        self.costs.record(route, method, moved or rest, seconds)
+        return switch if record.bytes_done - done < rest else None  # done as the watcher spoke: no switch
+
+    def _rival(self, route, rivals, rest, moved, moving, waiting):
+        """The rival to switch to, if any: the running method moved ``moved`` of ``rest`` bytes in
+        its first ``moving`` seconds, and nothing more in the ``waiting`` seconds since."""
+        left = rest - moved
+        best = None
+        for rival in rivals:
+            cost = self.costs.predict(route, rival, left)
+            if cost is None:
+                continue
+            # At its pace so far, or (nothing moved yet) with no more to show for the wait than
+            # the rival would have needed for everything left.
+            mine = left * moving / moved if moved else 0.0
+            if max(mine, waiting) > SWITCH_RATIO * cost and (best is None or cost < best[1]):
+                best = (rival, cost)
+        return None if best is None else best[0]
 
     async def _clone(self, src, off_in, dst, off_out, length, record):
         n = await dst.backend.clone_range(src.file, off_in, dst.file, off_out, length)

@@ -34,6 +34,9 @@ class Stats:
         self.copy_bytes = dict.fromkeys(METHODS, 0)
         self.copy_requests = 0
         self.copy_errors = 0
+        # Copies whose method gave way mid-copy to one expected to be faster for the rest.
+        self.switched_to_stream = 0
+        self.switched_to_offload = 0
         self.fuse_read_bytes = 0
         self.fuse_write_bytes = 0
         # What the filesystem asked its backends about names: what the directory cache saves.
@@ -63,6 +66,14 @@ class Stats:
         if first:
             self.copies[method] += 1
 
+    def switched(self, copy, method):
+        """``copy`` goes on by ``method``, from the byte where the one before it stopped."""
+        copy.method = method
+        if method == "stream":
+            self.switched_to_stream += 1
+        else:
+            self.switched_to_offload += 1
+
     def end_copy(self, copy, failed):
         del self.in_flight[copy.id]
         if failed:
@@ -86,6 +97,8 @@ class Stats:
                 "copy_bytes": dict(self.copy_bytes),
                 "copy_requests": self.copy_requests,
                 "copy_errors": self.copy_errors,
+                "switched_to_stream": self.switched_to_stream,
+                "switched_to_offload": self.switched_to_offload,
                 "fuse_read_bytes": self.fuse_read_bytes,
                 "fuse_write_bytes": self.fuse_write_bytes,
                 "listings": self.listings,

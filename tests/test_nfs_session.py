@@ -32,6 +32,8 @@ class FakeServer:
         self.exchanges = 0
         self.binds = 0
         self.misordered = 0
+        self.busy = None  # a slot whose request is still running
+        self.replay = errors.RETRY_UNCACHED_REP  # the answer to a sequence ID the slot used last
         self.lease = 90
         self.maxio = 1 << 20  # MAXREAD and MAXWRITE
         self.renewals = 0  # compounds of SEQUENCE alone
@@ -152,7 +154,11 @@ class FakeServer:
             slots = self.sessions[sid]
             last = slots.get(slot, 0)
             if seqid == last:
-                return errors.RETRY_UNCACHED_REP, b""
+                return self.replay, b""
+            if self.busy == slot:  # Linux nfsd, while the slot's request still runs
+                self.busy = None
+                self.misordered += 1
+                return errors.SEQ_MISORDERED, b""
             if seqid != last + 1:
                 self.misordered += 1
                 return errors.SEQ_MISORDERED, b""
@@ -170,6 +176,8 @@ class FakeServer:
             if mask == PROBE:
                 action = self.plan.pop(0) if self.plan else "ok"
                 self.probes.append(self.current)
+                if action == "hang-busy":  # runs on and on: its slot stays busy for the next request
+                    self.busy, action = self.current[0], "hang"
                 if action in ("drop", "hang"):
                     return action, b""
                 p.bitmap(PROBE)
@@ -291,6 +299,21 @@ async def test_cut_off_request_that_ran_leaves_the_slot_usable():
         for _ in range(6):
             await probe(client)
         assert len(server.probes) == 7 and server.misordered == 0
+        await client.close()
+        nursery.cancel_scope.cancel()
+
+
+async def test_cut_off_request_still_running_leaves_the_slot_usable():
+    """Linux nfsd answers SEQ_MISORDERED while the cut-off request still runs, and SEQ_FALSE_RETRY to the
+    next request sent with the sequence ID taken back then: the cut-off one ran after all."""
+    async with trio.open_nursery() as nursery:
+        server, client = await started(nursery)
+        server.plan, server.replay = ["hang-busy"], errors.SEQ_FALSE_RETRY
+        with trio.move_on_after(0.3):
+            await probe(client)
+        for _ in range(6):
+            await probe(client)
+        assert len(server.probes) == 7 and server.misordered == 1
         await client.close()
         nursery.cancel_scope.cancel()
 

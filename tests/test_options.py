@@ -8,11 +8,18 @@ def test_defaults_and_flags():
     assert c.sources == {"source": "/srv"}
     assert c.fs.ro and c.allow_other and c.fs.uid == 1000 and c.fs.umask == 0o22
     assert c.default_permissions  # allow_other never opens the sources to everyone
-    assert c.fs.offload and c.fs.detect_copies
+    assert c.fs.offload and c.fs.detect_copies and not c.fs.always_offload
 
 
 def test_detect_copies_off():
     assert not parse("/mnt", "/srv", ["detect_copies=off"]).fs.detect_copies
+
+
+@pytest.mark.parametrize("value,offload,always", [("on", True, False), ("off", False, False),
+                                                   ("always", True, True)])
+def test_offload_modes(value, offload, always):
+    c = parse("/mnt", "/srv", [f"offload={value}"])
+    assert (c.fs.offload, c.fs.always_offload) == (offload, always)
 
 
 def test_sources_from_options_and_config(tmp_path):
@@ -27,7 +34,7 @@ def test_sources_from_options_and_config(tmp_path):
     ("/srv", ["bogus"], "unknown mount option 'bogus'"),
     ("/srv", ["uid=abc"], "not a number"),
     ("/srv", ["attr_timeout=-1"], "between 0"),
-    ("/srv", ["offload=maybe"], "offload=on or offload=off"),
+    ("/srv", ["offload=maybe"], "offload=off or offload=always"),
     ("/srv", ["detect_copies=yes"], "detect_copies=on or detect_copies=off"),
     ("/srv", ["source=a=/x"], "not both"),
     (None, ["source=a/b=/x"], "plain directory name"),

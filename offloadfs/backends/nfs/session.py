@@ -528,6 +528,11 @@ class Client:
         if status == errors.RETRY_UNCACHED_REP:
             table.seqids[slot] += 1  # it ran but its reply is gone: what we send is idempotent or cached
             raise _Again()
+        if status == errors.SEQ_FALSE_RETRY:
+            # The sequence ID of a cut-off request, taken back on SEQ_MISORDERED that meant "still
+            # running" (Linux nfsd): it ran after all, and this request is a new one.
+            table.seqids[slot] += 1
+            raise _Again()
         if status in (errors.BADSESSION, errors.DEADSESSION, errors.BADSLOT, errors.SEQ_MISORDERED):
             self._forget(table)
             raise _Again()
