@@ -22,6 +22,18 @@ def _in_new_process(code):
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+def _make_with_number(path, ino, pause):
+    """Write a new file at ``path`` (on the server's disk) until it gets inode number ``ino``:
+    the server frees a removed file's number once nothing holds the file any more."""
+    for _ in range(40):
+        path.write_bytes(b"the new file")
+        if os.stat(path).st_ino == ino:
+            return
+        path.unlink()
+        time.sleep(pause)
+    raise AssertionError("the server did not reuse the inode number")
+
+
 def test_a_new_file_that_took_a_deleted_files_inode_number_is_that_new_file(mount_on):
     """nfsd on xfs gives the next new file the number at once (ganesha keeps the old file open)."""
     mnt = mount_on("nfsd")
@@ -30,13 +42,7 @@ def test_a_new_file_that_took_a_deleted_files_inode_number_is_that_new_file(moun
     assert seen.read_bytes() == b"old"  # this mount knows the file now
     ino = os.stat(mnt.backing / "f").st_ino
     (mnt.backing / "f").unlink()  # another client deletes it and makes a new one
-    for _ in range(40):  # the number is free once nfsd's file cache let the old file go
-        (mnt.backing / "f").write_bytes(b"the new file")
-        if os.stat(mnt.backing / "f").st_ino == ino:
-            break
-        (mnt.backing / "f").unlink()
-        time.sleep(0.5)
-    assert os.stat(mnt.backing / "f").st_ino == ino, "the server did not reuse the inode number"
+    _make_with_number(mnt.backing / "f", ino, 0.5)  # once nfsd's file cache let the old file go
     with open(seen, "rb") as f:
         assert f.read() == b"the new file"
         assert os.fstat(f.fileno()).st_size == 12
@@ -51,13 +57,7 @@ def test_a_rename_between_a_stale_name_and_the_file_that_took_its_number(mount_o
     (mnt.backing / "f").write_bytes(b"old")
     ino = os.stat(mnt.path / "f").st_ino
     (mnt.backing / "f").unlink()  # another client removes f and makes g, which gets f's number
-    for _ in range(40):
-        (mnt.backing / "g").write_bytes(b"the new file")
-        if os.stat(mnt.backing / "g").st_ino == ino:
-            break
-        (mnt.backing / "g").unlink()
-        time.sleep(0.2)
-    assert os.stat(mnt.backing / "g").st_ino == ino, "the server did not reuse the number"
+    _make_with_number(mnt.backing / "g", ino, 0.2)
     assert os.stat(mnt.path / "g").st_ino == ino
     time.sleep(0.2)  # the daemon tells the kernel to drop f right after answering: it held the lock
     with pytest.raises(FileNotFoundError):
