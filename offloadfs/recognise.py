@@ -261,9 +261,11 @@ class Recogniser:
         nothing.  Raises OSError if the server refused the written fallback (what was not written
         stays held)."""
         p = inode.pending
-        if p is None or not (p.runs or p.window):
+        if p is None:
             return False
-        async with p.lock:
+        async with p.lock:  # a write in progress may be about to hold data: after it
+            if not (p.runs or p.window):
+                return False
             await self._commit(p)
         return True
 

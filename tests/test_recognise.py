@@ -207,3 +207,27 @@ def test_served_forgets_the_oldest_past_its_limit():
     for i in range(3):
         s.add((0, i), (), 0, bytes([i]) * BLOCK, eof=False)
     assert ((0, 0), 0) not in s.at and len(s.by_digest) == 2
+
+
+async def test_a_commit_during_a_write_waits_for_what_the_write_holds():
+    """A READ that comes while a write is still sending its head (the bytes before its first
+    block) must commit the window the write is about to hold, not find nothing held and read
+    the server's old bytes (seen as a stale page in the random data test on smb-btrfs)."""
+    m = Mount(DATA)
+    h = m.handle("dst")
+    sending, go = trio.Event(), trio.Event()
+
+    async def slow_send(h, offset, data):
+        sending.set()
+        await go.wait()
+        await m.server.write(h.file, offset, data)
+
+    m.rec.send = slow_send
+    data = os.urandom(BLOCK + 5000)  # 1000 bytes of head, a block boundary, then a partial block
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(m.rec.write, h, BLOCK - 1000, data[:BLOCK // 2])
+        await sending.wait()
+        nursery.start_soon(m.rec.commit, h.inode)
+        await trio.sleep(0.01)
+        go.set()
+    assert bytes(h.file[BLOCK - 1000:]) == data[:BLOCK // 2]
