@@ -603,3 +603,20 @@ async def test_interrupted_requests_leave_nothing_behind(connect):
                 await trio.sleep(0.01)
         assert bytes(await b.read(f, MiB, 10)) == data[MiB:MiB + 10]
         await b.release(f)
+
+
+async def test_getattr_through_a_handle_closed_meanwhile_asks_by_name(connect):
+    """getattr borrows an open handle of the node; the kernel does not wait for a release, so
+    that handle may be closed before the query reaches the server (rsync's stat of its temporary
+    file got EBADF): then the attributes come another way."""
+    async with connect() as (b, d, path):
+        node, _, f = await b.create(d, b"f", CREATE, 0o644)
+        await b.write(f, 0, b"data")
+        query = b._file_attributes
+
+        async def closed_first(file):
+            await b.release(file)
+            return await query(file)
+
+        b._file_attributes = closed_first
+        assert (await b.getattr(node)).size == 4
