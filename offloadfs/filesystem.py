@@ -128,9 +128,7 @@ class Filesystem(Operations):
         # pairs where the planner has an offload.
         self.copies_from, self.copies_to = set(), set()
         if options.offload and options.detect_copies:
-            self.recogniser = Recogniser(stats, self.planner, self._send, self.by_key.get,
-                                         lambda inode, file: Endpoint(inode.source.backend, inode.node, file,
-                                                                      self._path(inode)))
+            self.recogniser = Recogniser(stats, self.planner, self._send, self.by_key.get, self._endpoint)
 
     async def start(self):
         """Open every source's root; runs before the mount so that bad sources fail the mount."""
@@ -729,12 +727,13 @@ class Filesystem(Operations):
         await self._settle(src.inode, dst.inode)
         dst.inode.data_changes += 1
         try:
-            return await self.planner.copy(self._endpoint(src), off_in, self._endpoint(dst), off_out, length)
+            return await self.planner.copy(self._endpoint(src.inode, src.file), off_in,
+                                           self._endpoint(dst.inode, dst.file), off_out, length)
         finally:
             self._stale(dst.inode)  # a failed copy may have changed it too
 
-    def _endpoint(self, h):
-        return Endpoint(h.inode.source.backend, h.inode.node, h.file, self._path(h.inode))
+    def _endpoint(self, inode, file):
+        return Endpoint(inode.source.backend, inode.node, file, self._path(inode))
 
     def _path(self, inode):
         """The mount-relative path the inode was last seen under (a hint: renames may outdate it)."""
