@@ -6,7 +6,7 @@ import trio
 
 from offloadfs.backends.base import Backend, Stat
 from offloadfs.planner import Endpoint, Planner
-from offloadfs.recognise import BLOCK, Recogniser, Served, version
+from offloadfs.recognise import BLOCK, Recogniser, Served
 from offloadfs.stats import Stats
 
 
@@ -93,10 +93,7 @@ class Mount:
         node = self.src.node
         size = len(node) if size is None else size
         st = await self.server.getattr(node) if st is None else st
-        data = await self.server.read(node, offset, size)
-        self.rec.served.add(self.src.key, version(st, self.src), offset, data,
-                            len(data) < size or offset + len(data) >= st.size)
-        return data
+        return await self.rec.read(self.src, node, offset, size, st)
 
     def counters(self):
         return self.stats.snapshot()["counters"]
