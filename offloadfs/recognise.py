@@ -167,8 +167,8 @@ class Recogniser:
         self.endpoint = endpoint
         self.held_max = held_max
         self.served = Served()
-        # inode key -> (version known before a read, version asked for after it): what reads that
-        # knew the first are labelled with, as the second was seen before them.
+        # inode key -> (version known before a read, version asked for after it, its attributes,
+        # when they came): what later reads that knew the first are labelled with.
         self.checked = OrderedDict()
         self.held = 0
         self.holding = {}  # id(Pending) -> Pending with runs, oldest first: what backpressure commits
@@ -180,15 +180,18 @@ class Recogniser:
         ``st``: the file's attributes as known before the read (maybe cached)."""
         backend = inode.source.backend
         ver = version(st, inode)
+        started = trio.current_time()
         data = await backend.read(file, offset, size)
         known = self.checked.get(inode.key)
-        if known is not None and known[0] == ver:
+        if known is not None and known[0] == ver and started >= known[3]:
+            # That version was seen before this read began (a read already in flight then could
+            # hold older bytes, and asks for itself below).
             self.checked.move_to_end(inode.key)
             ver, st = known[1], known[2]
         else:
             after = await backend.getattr(inode.node, file)
             now = version(after, inode)
-            self.checked[inode.key] = (ver, now, after)
+            self.checked[inode.key] = (ver, now, after, trio.current_time())
             self.checked.move_to_end(inode.key)
             while len(self.checked) > CHECKED:
                 self.checked.popitem(last=False)
