@@ -26,7 +26,6 @@ from .backends.base import CALLER, Allocate, Caller, DirItem, Passthrough, SeekD
 from .cache import AttrCache, DirCache, Listing, check, dtype
 from .fuse.operations import DirEntry, Entry, Operations, Opened
 from .planner import Endpoint, Planner, plan
-from . import recognise
 from .recognise import Recogniser
 
 log = logging.getLogger(__name__)
@@ -629,9 +628,7 @@ class Filesystem(Operations):
             # The version is taken before the read: data changed after it is caught at commit.
             st = await self._getattr(inode, h.file)
             started = trio.current_time()
-            data = await inode.source.backend.read(h.file, offset, size)
-            self.recogniser.served.add(inode.key, recognise.version(st, inode), offset, data,
-                                       len(data) < size or offset + len(data) >= st.size)
+            data = await self.recogniser.read(inode, h.file, offset, size, st)
         self.planner.carried(inode.source.backend, "read", started, len(data))
         self.stats.fuse_read_bytes += len(data)
         return data

@@ -12,6 +12,14 @@ bound on what all files hold.  The source must be as it was when served
 copy; anything else, and any failure, writes the held bytes instead, so
 nothing written is lost.
 
+A block is labelled with a version seen before it was read, never after.  Some
+servers change the version by reading: Linux nfsd on xfs (6.1) bumps the change
+attribute with the access time of the first read after a change, so the version
+known before that read (cached, the same for all reads of the file for a while)
+would never match again.  ``Recogniser.read`` asks once more after the first
+read of each version; where it moved, the bytes are read again and labelled
+with the new version, and later reads that knew the old one get the new one.
+
 v1 matches blocks at the same offset modulo BLOCK in source and destination
 (what cp-like tools, rsync's whole-file temporary files, tar x and dd without
 skip/seek produce); data shifted by other amounts is written as usual.
@@ -31,6 +39,7 @@ log = logging.getLogger(__name__)
 BLOCK = 64 << 10
 SERVED_BLOCKS = 1 << 15  # blocks remembered: 2 GiB of served data, some 12 MB of index
 TAILS = 256  # files whose last partial block served is kept to complete with the next read
+CHECKED = 1024  # files whose version after a read is remembered (Recogniser.read)
 HELD_MAX = 64 << 20  # bytes held for pending copies in all; past it the oldest files commit
 
 
@@ -158,8 +167,40 @@ class Recogniser:
         self.endpoint = endpoint
         self.held_max = held_max
         self.served = Served()
+        # inode key -> (version known before a read, version asked for after it, its attributes,
+        # when they came): what later reads that knew the first are labelled with.
+        self.checked = OrderedDict()
         self.held = 0
         self.holding = {}  # id(Pending) -> Pending with runs, oldest first: what backpressure commits
+
+    # -- reads --------------------------------------------------------------------------
+
+    async def read(self, inode, file, offset, size, st):
+        """READ ``size`` bytes at ``offset`` through ``file``, their blocks remembered as served.
+        ``st``: the file's attributes as known before the read (maybe cached)."""
+        backend = inode.source.backend
+        ver = version(st, inode)
+        started = trio.current_time()
+        data = await backend.read(file, offset, size)
+        known = self.checked.get(inode.key)
+        if known is not None and known[0] == ver and started >= known[3]:
+            # That version was seen before this read began (a read already in flight then could
+            # hold older bytes, and asks for itself below).
+            self.checked.move_to_end(inode.key)
+            ver, st = known[1], known[2]
+        else:
+            after = await backend.getattr(inode.node, file)
+            now = version(after, inode)
+            self.checked[inode.key] = (ver, now, after, trio.current_time())
+            self.checked.move_to_end(inode.key)
+            while len(self.checked) > CHECKED:
+                self.checked.popitem(last=False)
+            if now != ver:
+                # The bytes read may be older than ``now``: read them again, after it was seen.
+                data = await backend.read(file, offset, size)
+                ver, st = now, after
+        self.served.add(inode.key, ver, offset, data, len(data) < size or offset + len(data) >= st.size)
+        return data
 
     # -- writes -------------------------------------------------------------------------
 

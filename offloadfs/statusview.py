@@ -45,7 +45,20 @@ def _header(status):
                  f"{size(kept_off_network(c['copy_bytes']))} kept off the network")
     lines += [f"    {method:<18} {count:>6} copies {size(c['copy_bytes'][method]):>12}"
               for method, count in c["copies"].items()]
+    lines += _recognised(c)
     lines.append(f"  through FUSE: {size(c['fuse_read_bytes'])} read, {size(c['fuse_write_bytes'])} written")
+    return lines
+
+
+def _recognised(c):
+    """Copies found in plain writes (recognise.py): committed by each offload, or written after all.
+    Nothing from a daemon older than the counters."""
+    if "recognised_bytes" not in c:
+        return []
+    by_method = c.get("recognised_committed", {})
+    lines = [f"  recognised copies: {size(c['recognised_bytes'])} recognised, "
+             f"{size(sum(by_method.values()))} committed, {size(c.get('recognised_written', 0))} written after all"]
+    lines += [f"    {method:<18} {size(n)}" for method, n in by_method.items() if n]
     return lines
 
 

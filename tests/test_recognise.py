@@ -6,12 +6,14 @@ import trio
 
 from offloadfs.backends.base import Backend, Stat
 from offloadfs.planner import Endpoint, Planner
-from offloadfs.recognise import BLOCK, Recogniser, Served, version
+from offloadfs.recognise import BLOCK, Recogniser, Served
 from offloadfs.stats import Stats
 
 
 class File(bytearray):
     changes = 0  # what ctime would say
+    version = 0  # what NFS's change attribute would say
+    accessed = False  # read since the last change: a read updates the access time no more (relatime)
 
 
 class Server(Backend):
@@ -21,6 +23,9 @@ class Server(Backend):
     def __init__(self):
         self.fail = False
         self.sent = 0  # bytes that reached it as writes
+        # Linux nfsd on xfs (6.1): the access time a read updates changes the change attribute too.
+        self.reads_change_version = False
+        self.after_read = None  # called after each read: another client's doing
 
     async def open(self, node, flags):
         return node
@@ -29,10 +34,16 @@ class Server(Backend):
         pass
 
     async def getattr(self, node, file=None):
-        return Stat(ino=id(node), mode=0o100644, size=len(node), ctime_ns=node.changes)
+        return Stat(ino=id(node), mode=0o100644, size=len(node), ctime_ns=node.changes, change=node.version)
 
     async def read(self, file, offset, size):
-        return bytes(file[offset:offset + size])
+        data = bytes(file[offset:offset + size])
+        if self.reads_change_version and not file.accessed:
+            file.version += 1
+        file.accessed = True
+        if self.after_read is not None:
+            self.after_read(file)
+        return data
 
     async def write(self, file, offset, data):
         self.sent += len(data)
@@ -43,6 +54,8 @@ class Server(Backend):
             file.extend(bytes(offset - len(file)))
         file[offset:offset + len(data)] = data
         file.changes += 1
+        file.version += 1
+        file.accessed = False
         return len(data)
 
     async def clone_range(self, src, src_off, dst, dst_off, length):
@@ -75,13 +88,12 @@ class Mount:
     async def send(self, h, offset, data):
         await self.server.write(h.file, offset, data)
 
-    async def serve(self, offset=0, size=None):
+    async def serve(self, offset=0, size=None, st=None):
+        """A READ as filesystem.py serves it; ``st``: the attributes it knows (cached), else asked now."""
         node = self.src.node
         size = len(node) if size is None else size
-        data = await self.server.read(node, offset, size)
-        self.rec.served.add(self.src.key, version(await self.server.getattr(node), self.src), offset, data,
-                            offset + len(data) >= len(node))
-        return data
+        st = await self.server.getattr(node) if st is None else st
+        return await self.rec.read(self.src, node, offset, size, st)
 
     def counters(self):
         return self.stats.snapshot()["counters"]
@@ -153,6 +165,43 @@ async def test_a_source_changed_since_served_gets_the_held_bytes_written():
     assert bytes(h.file) == DATA
     c = m.counters()
     assert c["recognised_written"] == len(DATA) and c["recognised_committed"]["clone"] == 0
+
+
+async def test_a_read_that_changes_the_version_still_gets_copied():
+    """Linux nfsd on xfs bumps the change attribute with the access time of the first read after a
+    change: the attributes known before the read (cached for all of a file's reads) are then older
+    than the file, though its data is the same.  The copy must still be committed as a clone."""
+    m = Mount(DATA)
+    m.server.reads_change_version = True
+    cached = await m.server.getattr(m.src.node)
+    for pos in range(0, len(DATA), 3 * BLOCK):
+        await m.serve(pos, 3 * BLOCK, cached)
+    h = m.handle("dst")
+    await copy(m, h, DATA, BLOCK)
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == DATA
+    c = m.counters()
+    assert c["recognised_committed"]["clone"] == len(DATA) and c["recognised_written"] == 0, c
+    assert m.server.sent == 0
+
+
+async def test_a_source_changed_right_after_a_read_is_not_copied_for_what_it_held():
+    """Another client rewrites the source between our READ and whatever we ask next: the bytes the
+    application got must be what lands in the copy, never the source's new ones."""
+    m = Mount(DATA)
+    m.server.reads_change_version = True
+    new = os.urandom(len(DATA))
+
+    def rewrite(file):
+        m.server.after_read = None
+        m.server._put(file, 0, new)
+
+    m.server.after_read = rewrite
+    got = await m.serve()
+    h = m.handle("dst")
+    await copy(m, h, got, BLOCK)
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == got
 
 
 async def test_a_failed_copy_gets_the_held_bytes_written():

@@ -39,3 +39,16 @@ def test_sizes_and_durations():
         ["0 B", "1023 B", "1.0 KiB", "1.5 GiB", "5.0 TiB"]
     assert [statusview.duration(s) for s in (None, 0.4, 59, 61, 3600 * 2 + 60 * 5)] == \
         ["?", "0s", "59s", "1m01s", "2h05m"]
+
+
+def test_text_shows_recognised_copies_by_method_and_what_was_written_after_all():
+    stats = Stats("/mnt/x", {"s": "smb://h/s"})
+    stats.recognised_bytes = 10 << 20
+    stats.recognised_committed["server_copy"] = 6 << 20
+    stats.recognised_committed["clone"] = 1 << 20
+    stats.recognised_written = 3 << 20
+    out = statusview.text([stats.snapshot()])
+    assert "  recognised copies: 10.0 MiB recognised, 7.0 MiB committed, 3.0 MiB written after all\n" in out
+    assert "    clone              1.0 MiB\n" in out
+    assert "    server_copy        6.0 MiB\n" in out
+    assert "    inter_server_copy" not in out.split("recognised copies:")[1]  # no line for what moved nothing
