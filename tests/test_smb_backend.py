@@ -5,6 +5,7 @@ a share, and checks what it did on the server side too.
 """
 import contextlib
 import errno
+import gc
 import hashlib
 import os
 import shutil
@@ -29,6 +30,8 @@ pytestmark = [
 ]
 
 smb = pytest.importorskip("offloadfs.backends.smb", reason="smbprotocol is not installed")
+import smbprotocol.connection  # noqa: E402
+from smbprotocol.header import Commands  # noqa: E402
 samba = pytest.importorskip("offloadfs.lab.samba", reason="the Samba lab needs pyroute2")
 from offloadfs.backends.smb import backend as smb_backend, capabilities, client as smb_client, oplocks  # noqa: E402
 from offloadfs.backends.smb import errors as smb_errors  # noqa: E402
@@ -108,6 +111,26 @@ async def test_create_write_read_stat(connect):
         with pytest.raises(OSError) as e:
             await b.lookup(d, b"a:stream")
         assert e.value.errno == errno.EINVAL
+
+
+async def test_answered_requests_are_freed_without_the_garbage_collector(connect):
+    """A request and its arrival referred to each other, so each write's data stayed in memory until
+    the cyclic garbage collector ran, which an idle daemon never makes it do (hundreds of MB)."""
+    async with connect() as (b, d, path):
+        data = os.urandom(8 * MiB)
+        gc.collect()
+        gc.disable()
+        try:
+            node, st, f = await b.create(d, b"f", CREATE, 0o644)
+            assert await b.write(f, 0, data) == len(data)
+            assert bytes(await b.read(f, 0, len(data))) == data
+            await b.release(f)
+            # (smbprotocol's receiver keeps the last request it answered, until the next reply.)
+            held = [o.message["command"].get_value() for o in gc.get_objects()
+                    if type(o) is smbprotocol.connection.Request]
+            assert Commands.SMB2_WRITE not in held and Commands.SMB2_READ not in held and len(held) <= 1
+        finally:
+            gc.enable()
 
 
 async def test_large_io_goes_in_parallel_pieces(connect):

@@ -75,6 +75,12 @@ class _Arrival:
     response (an interim STATUS_PENDING, then the final one), and without it
     when the connection dies.  That is all it asks of the event, as we never
     call Connection.receive(); a threading.Event would cost more than a read.
+
+    The Request and its arrival refer to each other: once done with it, the
+    arrival lets go of the Request, or the cycle would keep the request's
+    buffers (a whole write's data) until the garbage collector ran, which it
+    seldom does under I/O and never while the daemon is idle (measured: 80 MB
+    held after 4 x 16 MiB written and read).
     """
     __slots__ = ("_token", "_conn", "_request", "_on_arrival", "_event", "_abandoned")
 
@@ -96,7 +102,7 @@ class _Arrival:
     def _arrived(self, event):
         event.set()
         self._on_arrival()
-        if self._abandoned and self._final():
+        if self._abandoned and self._request is not None and self._final():
             self._forget()
 
     def _final(self):
@@ -105,22 +111,24 @@ class _Arrival:
 
     def _forget(self):
         self._conn.outstanding_requests.pop(self._request.message["message_id"].get_value(), None)
+        self._request = None
 
     async def wait(self):
         """The final response header, or None if the connection died first."""
         while True:
             await self._event.wait()
-            with self._request.response_event_lock:
-                if self._final():
-                    return self._request.response
-                if self._request.response is None or not self._conn.transport.connected:
-                    return None
+            request = self._request
+            with request.response_event_lock:
+                final = self._final()
+                if final or request.response is None or not self._conn.transport.connected:
+                    self._request = None
+                    return request.response if final else None
                 self._event = trio.Event()  # an interim response: the final one follows
 
     def abandon(self):
         """Nobody waits any more: drop the response from the connection's table when it comes."""
         self._abandoned = True
-        if self._final():
+        if self._request is not None and self._final():
             self._forget()
 
 
