@@ -1,0 +1,137 @@
+"""Benchmark the memory of each client's daemon under parallel sequential I/O on a Samba share.
+
+Not a test: it prints a table and asserts nothing. Run as root:
+    .venv/bin/python benchmarks/memory.py [--quick]
+
+One lab smbd behind smbdemo's 1 Gbit link serves an xfs share; offloadfs, `rclone mount` and smbnetfs
+(peers.py) each mount it. On each mount in turn, 16 writers (`dd bs=1M` of 64 MiB each, new files) and 16
+readers (`dd bs=1M` of 64 MiB files written on the server's side beforehand, so no client has them
+cached) run at once. The resident memory of the daemon's processes (VmRSS, summed over its session) is
+sampled every 50 ms: the table gives it before the load, its peak during it, and IDLE seconds after the
+last dd ended. Writers copy files of random bytes from the local disk; every file written is checked on the
+server. Goal (issue #8): offloadfs peak <= 150 MB,
+idle <= 80 MB.
+"""
+
+import argparse
+import contextlib
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from offloadfs.lab.mount import status
+from offloadfs.lab.samba import samba_lab
+from offloadfs.lab.smbdemo import RATE, share_mount
+from peers import install_peers, rclone_mount, smbnetfs_mount
+
+KIND = "xfs"
+MiB = 1 << 20
+FULL = {"streams": 16, "mib": 64}
+QUICK = {"streams": 4, "mib": 16}
+IDLE = 5  # seconds after the load: what a daemon keeps while nothing happens
+SAMPLE = 0.05
+PEAK_GOAL, IDLE_GOAL = 150, 80  # MB
+
+
+def session_rss(sid):
+    """Resident bytes of the processes in session `sid`."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[3]) == sid:
+                    total += int((entry / "statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return total
+
+
+class Sampler:
+    """The peak of session_rss(sid) while the `with` block runs, sampled in a thread."""
+
+    def __init__(self, sid):
+        self.sid, self.peak, self._done = sid, 0, threading.Event()
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._done.is_set():
+            self.peak = max(self.peak, session_rss(self.sid))
+            time.sleep(SAMPLE)
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+
+
+def load(root, tree, local, size):
+    """The writers (of `local`'s files) and readers at once under `root` (the tool's view of the share);
+    returns seconds."""
+    (root / tree).mkdir()
+    procs = []
+    for i in range(size["streams"]):
+        procs.append(subprocess.Popen(["dd", f"if={local / f'w{i}'}", f"of={root / tree / f'w{i}'}", "bs=1M",
+                                       "status=none"]))
+        procs.append(subprocess.Popen(["dd", f"if={root / 'sources' / f'r{i}'}", "of=/dev/null", "bs=1M",
+                                       "status=none"]))
+    start = time.monotonic()
+    for p in procs:
+        if p.wait() != 0:
+            raise RuntimeError(f"{p.args} failed")
+    return time.monotonic() - start
+
+
+def measure(name, root, sid, share, local, size):
+    before = session_rss(sid)
+    with Sampler(sid) as sampler:
+        seconds = load(root, name, local, size)
+    time.sleep(IDLE)
+    idle = session_rss(sid)
+    for i in range(size["streams"]):
+        if (share / name / f"w{i}").read_bytes() != (local / f"w{i}").read_bytes():
+            raise RuntimeError(f"{name}: w{i} on the server is not what was written")
+    return before, max(sampler.peak, before), idle, seconds
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="4 + 4 streams of 16 MiB")
+    size = QUICK if parser.parse_args().quick else FULL
+    install_peers()
+    rows = {}
+    with contextlib.ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="offloadfs-membench-")))
+        server = stack.enter_context(samba_lab((KIND,), rate=RATE)).server
+        share = server.shares[KIND].path
+        local = workdir / "local"
+        for where in (share / "sources", local):
+            where.mkdir()
+        for i in range(size["streams"]):
+            (share / "sources" / f"r{i}").write_bytes(os.urandom(size["mib"] * MiB))
+            (local / f"w{i}").write_bytes(os.urandom(size["mib"] * MiB))
+        ours = stack.enter_context(share_mount(server, KIND))
+        mounts = {
+            "offloadfs": (ours, status(ours)["pid"]),
+            "rclone mount": stack.enter_context(rclone_mount(server, KIND, workdir)),
+            "smbnetfs": stack.enter_context(smbnetfs_mount(server, KIND, workdir)),
+        }
+        for tool, (root, sid) in mounts.items():
+            os.listdir(root)
+            subprocess.run(["sh", "-c", "echo 3 > /proc/sys/vm/drop_caches"], check=True)
+            rows[tool] = measure(tool.split()[0], root, sid, share, local, size)
+    print(f"daemon memory, {size['streams']} writers + {size['streams']} readers of {size['mib']} MiB each "
+          f"(dd bs=1M) on a Samba {KIND} share behind a {RATE} link; MB resident (VmRSS of the daemon's session)")
+    print(f"  {'tool':14}{'before':>10}{'peak':>10}{f'idle {IDLE} s':>12}{'seconds':>10}")
+    for tool, (before, peak, idle, seconds) in rows.items():
+        print(f"  {tool:14}{before / 1e6:10.0f}{peak / 1e6:10.0f}{idle / 1e6:12.0f}{seconds:10.1f}")
+    _, peak, idle, _ = rows["offloadfs"]
+    print(f"offloadfs goals: peak <= {PEAK_GOAL} MB: {'met' if peak / 1e6 <= PEAK_GOAL else 'MISSED'}; "
+          f"idle <= {IDLE_GOAL} MB: {'met' if idle / 1e6 <= IDLE_GOAL else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()
