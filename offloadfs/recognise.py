@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 BLOCK = 64 << 10
 SERVED_BLOCKS = 1 << 15  # blocks remembered: 2 GiB of served data, some 12 MB of index
-TAILS = 256  # files whose last partial block served is kept to complete with the next read
+PARTS = 256  # blocks served in part, kept until the rest of them is served
 CHECKED = 1024  # files whose version after a read is remembered (Recogniser.read)
 HELD_MAX = 64 << 20  # bytes held for pending copies in all; past it the oldest files commit
 
@@ -67,31 +67,30 @@ class Block:
 class Served:
     """The blocks of recent READ replies, by hash and by place, least recently served out first.
 
-    The kernel's readahead does not keep to our blocks: the part of a block at the end of one
-    reply is kept (``tails``, one per file) and completed by the next reply if it goes on there."""
+    The kernel's readahead does not keep to our blocks, and its replies may complete in any
+    order: the parts of a block at either end of a reply are kept (``parts``) until the replies
+    that hold the rest of it, served as of the same version, complete it."""
 
     def __init__(self, limit=SERVED_BLOCKS):
         self.limit = limit
         self.by_digest = OrderedDict()
         self.at = {}  # (source, offset) -> Block
-        self.tails = OrderedDict()  # source -> (offset, version, bytes short of a block)
+        self.parts = OrderedDict()  # (source, block offset) -> (version, {offset: bytes}, where the block ends)
 
     def add(self, source, ver, offset, data, eof):
         """``data`` was served from ``source`` (as of ``ver``, taken before the read) at ``offset``;
         ``eof``: the reply reached the end of the file, so its short last block counts too."""
-        tail = self.tails.pop(source, None)
-        if tail is not None and tail[1] == ver and tail[0] + len(tail[2]) == offset:
-            offset, data = tail[0], tail[2] + data
-        end = offset + len(data)
-        if end % BLOCK and not eof and end - end % BLOCK >= offset:
-            self.tails[source] = (end - end % BLOCK, ver, bytes(data[end - end % BLOCK - offset:]))
-            while len(self.tails) > TAILS:
-                self.tails.popitem(last=False)
         view = memoryview(data)
         end = offset + len(view)
         pos = -(-offset // BLOCK) * BLOCK
-        while pos < end and (pos + BLOCK <= end or eof):
+        if offset % BLOCK:
+            head = min(pos, end)
+            self._part(source, ver, offset, view[:head - offset], eof and head == end)
+        while pos < end:
             n = min(BLOCK, end - pos)
+            if n < BLOCK and not eof:
+                self._part(source, ver, pos, view[pos - offset:], False)
+                break
             known = self.at.get((source, pos))
             if known is not None and known.version == ver and known.length == n:
                 self.by_digest[known.digest] = known  # the same bytes again: no need to hash them
@@ -99,6 +98,30 @@ class Served:
             else:
                 self._put(Block(source, pos, n, ver, digest(view[pos - offset:pos - offset + n])))
             pos += n
+
+    def _part(self, source, ver, start, data, last):
+        """Part of the block that holds ``start``; ``last``: the file ends with it.  Once the parts
+        of one version cover the block, it is served."""
+        pos = start - start % BLOCK
+        held = self.parts.pop((source, pos), None)
+        pieces, stop = (held[1], held[2]) if held is not None and held[0] == ver else ({}, pos + BLOCK)
+        pieces[start] = bytes(data)
+        if last:
+            stop = start + len(data)
+        joined, cursor = [], pos
+        for at in sorted(pieces):
+            if at > cursor:
+                break
+            if at + len(pieces[at]) > cursor:
+                joined.append(pieces[at][cursor - at:])
+                cursor = at + len(pieces[at])
+        if cursor >= stop:
+            block = b"".join(joined)[:stop - pos]
+            self._put(Block(source, pos, len(block), ver, digest(block)))
+            return
+        self.parts[(source, pos)] = (ver, pieces, stop)
+        while len(self.parts) > PARTS:
+            self.parts.popitem(last=False)
 
     def _put(self, block):
         old = self.at.get((block.source, block.offset))
