@@ -24,6 +24,7 @@ v1 matches blocks at the same offset modulo BLOCK in source and destination
 (what cp-like tools, rsync's whole-file temporary files, tar x and dd without
 skip/seek produce); data shifted by other amounts is written as usual.
 """
+import collections
 import hashlib
 import logging
 import os
@@ -44,7 +45,13 @@ HELD_MAX = 64 << 20  # bytes held for pending copies in all; past it the oldest 
 
 
 def digest(data):
-    return hashlib.blake2b(data, digest_size=32).digest()
+    return hashlib.sha256(data).digest()  # SHA-NI: 1.5 GiB/s here, blake2b 0.85
+
+
+def sample(data):
+    """A few bytes of a block: written data whose sample no served block has is passed over
+    without hashing it (hashing every write took 28 % of the daemon's CPU on fresh data)."""
+    return len(data), bytes(data[:16]), bytes(data[-16:])
 
 
 def version(st, inode):
@@ -62,6 +69,7 @@ class Block:
     length: int
     version: tuple
     digest: bytes
+    sample: tuple
 
 
 class Served:
@@ -74,6 +82,7 @@ class Served:
     def __init__(self, limit=SERVED_BLOCKS):
         self.limit = limit
         self.by_digest = OrderedDict()
+        self.samples = collections.Counter()  # sample -> blocks in by_digest that have it
         self.at = {}  # (source, offset) -> Block
         self.parts = OrderedDict()  # (source, block offset) -> (version, {offset: bytes}, where the block ends)
 
@@ -96,7 +105,8 @@ class Served:
                 self.by_digest[known.digest] = known  # the same bytes again: no need to hash them
                 self.by_digest.move_to_end(known.digest)
             else:
-                self._put(Block(source, pos, n, ver, digest(view[pos - offset:pos - offset + n])))
+                data = view[pos - offset:pos - offset + n]
+                self._put(Block(source, pos, n, ver, digest(data), sample(data)))
             pos += n
 
     def _part(self, source, ver, start, data, last):
@@ -117,7 +127,7 @@ class Served:
                 cursor = at + len(pieces[at])
         if cursor >= stop:
             block = b"".join(joined)[:stop - pos]
-            self._put(Block(source, pos, len(block), ver, digest(block)))
+            self._put(Block(source, pos, len(block), ver, digest(block), sample(block)))
             return
         self.parts[(source, pos)] = (ver, pieces, stop)
         while len(self.parts) > PARTS:
@@ -126,18 +136,30 @@ class Served:
     def _put(self, block):
         old = self.at.get((block.source, block.offset))
         if old is not None and self.by_digest.get(old.digest) is old:
-            del self.by_digest[old.digest]
+            self._drop(old)
+        if block.digest not in self.by_digest:
+            self.samples[block.sample] += 1
         self.by_digest[block.digest] = block
         self.by_digest.move_to_end(block.digest)
         self.at[(block.source, block.offset)] = block
         while len(self.by_digest) > self.limit:
-            _, gone = self.by_digest.popitem(last=False)
+            gone = next(iter(self.by_digest.values()))
+            self._drop(gone)
             if self.at.get((gone.source, gone.offset)) is gone:
                 del self.at[(gone.source, gone.offset)]
 
-    def find(self, hashed, length, next_to=None):
-        """The served block of these bytes; ``next_to`` ((source, offset)) is asked first, so that a
-        run from one file goes on there rather than jumping to another file with the same bytes."""
+    def _drop(self, block):
+        del self.by_digest[block.digest]
+        self.samples[block.sample] -= 1
+        if not self.samples[block.sample]:
+            del self.samples[block.sample]
+
+    def find(self, data, next_to=None):
+        """The served block of the bytes ``data``; ``next_to`` ((source, offset)) is asked first, so
+        that a run from one file goes on there rather than jumping to another file with the same bytes."""
+        if sample(data) not in self.samples:
+            return None
+        hashed, length = digest(data), len(data)
         if next_to is not None:
             block = self.at.get(next_to)
             if block is not None and block.digest == hashed and block.length == length:
@@ -303,7 +325,7 @@ class Recogniser:
             last = p.runs[-1]
             if last.dst + last.length == dst:
                 next_to = (last.source, last.src + last.length)
-        served = self.served.find(digest(data), len(data), next_to)
+        served = self.served.find(data, next_to)
         return None if served is None or served.source == p.key else served
 
     def _hold(self, p, dst, data, served):

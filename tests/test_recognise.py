@@ -6,6 +6,7 @@ import trio
 
 from offloadfs.backends.base import Backend, Stat
 from offloadfs.planner import Endpoint, Planner
+from offloadfs import recognise
 from offloadfs.recognise import BLOCK, Recogniser, Served
 from offloadfs.stats import Stats
 
@@ -129,6 +130,17 @@ async def test_fresh_data_is_sent_at_once_but_for_one_partial_block():
     assert m.server.sent == 5 * BLOCK  # the window holds less than a block
     await m.rec.commit(h.inode)
     assert bytes(h.file) == DATA and m.counters()["recognised_bytes"] == 0
+
+
+async def test_fresh_data_is_not_hashed_while_nothing_served_looks_like_it(monkeypatch):
+    m = Mount(DATA)
+    await m.serve()
+    hashed = []
+    monkeypatch.setattr(recognise, "digest", lambda data: hashed.append(len(data)) or b"")
+    h = m.handle("dst")
+    await copy(m, h, bytes(len(DATA)), BLOCK)  # zeros: no served block begins or ends like them
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == bytes(len(DATA)) and hashed == []
 
 
 async def test_one_changed_byte_sends_that_block_only():
