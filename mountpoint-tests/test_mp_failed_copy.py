@@ -87,6 +87,22 @@ def test_streamed_copy_onto_a_full_share(lab, share):
     assert_prefix(share / "big", share / "copy", copied(counters))
 
 
+def test_writes_answered_before_the_share_filled_fail_the_close(lab, share, tmp_path):
+    """Writes to a remote file are answered while on their way (writebehind.py): the ENOSPC one of
+    them meets must still fail the writer, at a later write or at close, never pass unseen."""
+    write_file(tmp_path / "big", SIZE)
+    fs = os.statvfs(share)
+    with open(share / "filler", "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, fs.f_bfree * fs.f_frsize - SMALL_FS)
+    with offloadfs_mount(lab.url("ext4"), options=lab.options()) as mnt:
+        dd = subprocess.run(["dd", f"if={tmp_path / 'big'}", f"of={mnt / 'copy'}", "bs=1M"],
+                            capture_output=True, text=True, timeout=300)
+        print(f"dd exit {dd.returncode}: {dd.stderr.strip()}")
+        assert dd.returncode != 0 and "No space left on device" in dd.stderr
+        counters = status(mnt)["counters"]
+    assert_prefix(tmp_path / "big", share / "copy", copied(counters))
+
+
 def test_server_copy_cut_by_a_server_restart(lab, share):
     """smbd dies while server-side copies are in flight side by side, and comes back.
 

@@ -27,6 +27,7 @@ from .cache import AttrCache, DirCache, Listing, check, dtype
 from .fuse.operations import DirEntry, Entry, Operations, Opened
 from .planner import Endpoint, Planner, plan
 from .recognise import Recogniser
+from .writebehind import WriteBehind
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class Inode:
     dir_changes: int = 0  # directories: how many changes we made to it (cache.DirCache.store)
     pending: object = None  # files: recognise.Pending, written data held for a copy
     data_changes: int = 0  # files: changes to the data made through this mount (recognise.version)
+    behind: object = None  # files: writebehind.Behind, writes answered and still in flight
 
 
 @dataclass(slots=True)
@@ -122,12 +124,13 @@ class Filesystem(Operations):
         self.writeback = False
         self.kernel = None
         self._dropping = set()  # trio.Events of kernel names being dropped (see _drop_other_names)
+        self.behind = WriteBehind(self._sent_behind, self._where)
         self.recogniser = None
         # Sources whose reads are remembered, and those whose writes are compared with them: the
         # pairs where the planner has an offload.
         self.copies_from, self.copies_to = set(), set()
         if options.offload and options.detect_copies:
-            self.recogniser = Recogniser(stats, self.planner, self._send, self.by_key.get, self._endpoint)
+            self.recogniser = Recogniser(stats, self.planner, self._write_out, self.by_key.get, self._endpoint)
 
     async def start(self):
         """Open every source's root; runs before the mount so that bad sources fail the mount."""
@@ -200,8 +203,9 @@ class Filesystem(Operations):
         """What the kernel sees: our inode numbers, and the uid=/gid=/umask= options applied."""
         o = self.options
         changes = {"ino": self._ino_of(inode)}
-        if inode.pending is not None:
-            changes["size"] = max(st.size, inode.pending.end())  # what the application wrote
+        written = max(inode.pending.end() if inode.pending is not None else 0, self.behind.end(inode))
+        if written > st.size:
+            changes["size"] = written  # what the application wrote, held or on its way
         if o.uid is not None:
             changes["uid"] = o.uid
         if o.gid is not None:
@@ -325,6 +329,9 @@ class Filesystem(Operations):
                     root.lookups += 1
                     return Entry(root.nodeid, self._attr(root, st), self.options.entry_timeout, self._ttl(root))
             raise OSError(errno.ENOENT, "no such source")
+        known = self.dentries.get((inode.nodeid, name))
+        if known is not None:
+            await self.behind.settle(known)  # its attributes must hold what we wrote
         listing = await self._valid_listing(inode, RELIST_FOR_LOOKUP)
         if listing is None:
             return await self._lookup(inode, name)
@@ -374,7 +381,13 @@ class Filesystem(Operations):
                         atime_ns=t, mtime_ns=t, ctime_ns=t)
         st = self.cache.fresh(inode)
         if st is None:
-            st = self._cache(inode, await inode.source.backend.getattr(inode.node, file))
+            await self.behind.settle(inode)  # else the server's answer may lack a write as it lands
+            landed = self.behind.landed(inode)
+            st = check(self._where(inode), await inode.source.backend.getattr(inode.node, file), inode.fmt)
+            if self.behind.landed(inode) == landed:
+                return self._cache(inode, st)
+            # A write began and landed meanwhile (another thread of the writer): not kept, and as big.
+            st = dataclasses.replace(st, size=max(st.size, self.behind.landed_end(inode)))
         return st
 
     async def getattr(self, ctx, nodeid, fh):
@@ -530,6 +543,7 @@ class Filesystem(Operations):
         and the kernel keeps the pages it cached only if the file is as it last saw it."""
         inode = self._dir(nodeid)
         await self._check_name(inode)
+        await self.behind.settle(inode)  # attributes from the server must hold what we wrote
         backend = inode.source.backend
         file = await backend.open(inode.node, self._open_flags(flags))
         try:
@@ -637,7 +651,7 @@ class Filesystem(Operations):
         h = self._handle(fh)
         h.inode.data_changes += 1
         if self.recogniser is None or h.inode.source.index not in self.copies_to:
-            await self._send(h, offset, data)
+            await self._write_out(h, offset, data)
         else:
             await self.recogniser.write(h, offset, data)
         self.stats.fuse_write_bytes += len(data)
@@ -645,6 +659,18 @@ class Filesystem(Operations):
         if kill_suidgid:
             await self._kill_suidgid(h.inode, h.file)
         return len(data)
+
+    async def _write_out(self, h, offset, data):
+        """A plain write: to a remote file it goes behind (writebehind.py); a local file's (one
+        the kernel could write itself) costs less written at once."""
+        if isinstance(h.inode.source.backend, Passthrough):
+            await self._send(h, offset, data)
+        else:
+            await self.behind.write(h.inode, h, offset, data)
+
+    async def _sent_behind(self, h, offset, data):
+        await self._send(h, offset, data)
+        self._stale(h.inode)  # attributes asked for while it was on its way lack it
 
     async def _send(self, h, offset, data):
         """Write all of ``data``: the kernel takes a short write as an error for most callers."""
@@ -657,13 +683,19 @@ class Filesystem(Operations):
         self.planner.carried(h.inode.source.backend, "write", started, n)
 
     async def _settle(self, *inodes):
-        """Commit what these files hold for recognised copies: before anything that could tell."""
+        """Commit what these files hold for recognised copies, and wait for their writes in flight:
+        before anything that could tell."""
         for inode in inodes:
             if inode is not None and inode.pending is not None and await self.recogniser.commit(inode):
                 self._stale(inode)
+            if inode is not None:
+                await self.behind.settle(inode)
 
     async def _settle_at_release(self, h):
         """The last chance for what ``h`` wrote: the kernel hears no error from a release."""
+        await self.behind.settle(h.inode)
+        if not any(other.inode is h.inode for other in self.handles.values()):
+            self.behind.forget_error(h.inode)
         p = h.inode.pending
         if p is None or p.handle is not h:
             return
@@ -678,11 +710,13 @@ class Filesystem(Operations):
     async def flush(self, ctx, nodeid, fh):
         h = self._handle(fh)
         await self._settle(h.inode)
+        await self.behind.settle(h.inode, report=True)
         await h.inode.source.backend.flush(h.file)
 
     async def fsync(self, ctx, nodeid, fh, datasync):
         h = self._handle(fh)
         await self._settle(h.inode)
+        await self.behind.settle(h.inode, report=True)
         await h.inode.source.backend.fsync(h.file, datasync)
 
     async def release(self, ctx, nodeid, fh):

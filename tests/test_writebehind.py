@@ -1,0 +1,102 @@
+"""Writes answered before the server has them (offloadfs/writebehind.py)."""
+import errno
+
+import pytest
+import trio
+import trio.testing
+
+from offloadfs import writebehind
+from offloadfs.writebehind import WriteBehind
+
+
+class _Inode:
+    behind = None
+
+
+class _Server:
+    """A send() that takes ``delay`` seconds, records what it wrote in order, and fails where told."""
+
+    def __init__(self, delay=1.0):
+        self.delay = delay
+        self.done = []
+        self.started = []
+        self.fail_at = None
+        self.in_flight = 0
+        self.most = 0
+
+    async def send(self, h, offset, data):
+        self.started.append(offset)
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await trio.sleep(self.delay)
+            if offset == self.fail_at:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.done.append((offset, bytes(data)))
+        finally:
+            self.in_flight -= 1
+
+
+def run(fn):
+    trio.run(fn, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_writes_are_answered_before_the_server_has_them_and_settle_waits():
+    async def body():
+        server, inode = _Server(), _Inode()
+        wb = WriteBehind(server.send, lambda inode: "f")
+        start = trio.current_time()
+        for i in range(4):
+            await wb.write(inode, None, i << 20, bytes(1 << 20))
+        assert trio.current_time() == start and server.done == []
+        assert wb.end(inode) == 4 << 20
+        await wb.settle(inode, report=True)
+        assert sorted(o for o, _ in server.done) == [0, 1 << 20, 2 << 20, 3 << 20] and wb.end(inode) == 0
+        assert server.most == 4
+    run(body)
+
+
+def test_a_failed_write_is_reported_by_the_next_write_and_once_by_flush():
+    async def body():
+        server, inode = _Server(), _Inode()
+        server.fail_at = 0
+        wb = WriteBehind(server.send, lambda inode: "f")
+        await wb.write(inode, None, 0, b"x" * 10)
+        await wb.settle(inode)  # a read, say: waits, reports nothing
+        with pytest.raises(OSError) as e:
+            await wb.write(inode, None, 10, b"y")
+        assert e.value.errno == errno.ENOSPC
+        with pytest.raises(OSError):
+            await wb.settle(inode, report=True)
+        await wb.settle(inode, report=True)  # reported once
+        await wb.write(inode, None, 10, b"y")
+    run(body)
+
+
+def test_writes_of_one_range_are_never_in_flight_at_once():
+    async def body():
+        server, inode = _Server(), _Inode()
+        wb = WriteBehind(server.send, lambda inode: "f")
+        await wb.write(inode, None, 0, b"a" * 100)
+        await wb.write(inode, None, 50, b"b" * 100)  # waits for the first
+        await wb.settle(inode)
+        assert server.most == 1 and [d[:1] for _, d in server.done] == [b"a", b"b"]
+    run(body)
+
+
+def test_a_file_and_a_mount_have_bounded_bytes_in_flight():
+    async def body():
+        server = _Server()
+        wb = WriteBehind(server.send, lambda inode: "f")
+        inodes = [_Inode() for _ in range(8)]
+        async with trio.open_nursery() as nursery:
+            for n, inode in enumerate(inodes):
+                async def writer(inode=inode):
+                    for i in range(16):
+                        await wb.write(inode, None, i << 20, bytes(1 << 20))
+                nursery.start_soon(writer)
+        for inode in inodes:
+            await wb.settle(inode)
+        assert server.most == writebehind.MOUNT_WINDOW >> 20
+        assert len(server.done) == 8 * 16
+    run(body)
