@@ -41,9 +41,10 @@ name resolve order = host
 """
 
 
-def install_peers():
-    """apt-get install whichever of PACKAGES is missing (apt-get update first if the lists are stale)."""
-    missing = [name for name in PACKAGES if shutil.which(name) is None]
+def install_peers(packages=PACKAGES):
+    """apt-get install whichever of ``packages`` (each named as its command) is missing (apt-get update
+    first if the lists are stale)."""
+    missing = [name for name in packages if shutil.which(name) is None]
     if not missing:
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
