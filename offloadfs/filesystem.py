@@ -130,7 +130,8 @@ class Filesystem(Operations):
         # pairs where the planner has an offload.
         self.copies_from, self.copies_to = set(), set()
         if options.offload and options.detect_copies:
-            self.recogniser = Recogniser(stats, self.planner, self._write_out, self.by_key.get, self._endpoint)
+            self.recogniser = Recogniser(stats, self.planner, self._write_out, self.behind.settle, self.by_key.get,
+                                         self._endpoint)
 
     async def start(self):
         """Open every source's root; runs before the mount so that bad sources fail the mount."""
@@ -693,19 +694,18 @@ class Filesystem(Operations):
 
     async def _settle_at_release(self, h):
         """The last chance for what ``h`` wrote: the kernel hears no error from a release."""
+        p = h.inode.pending
+        if p is not None and p.handle is h:
+            try:
+                await self._settle(h.inode)
+            except OSError as e:
+                log.error("%s: data written for a recognised copy could not be written at close: %s",
+                          self._where(h.inode), e)
+                self.recogniser.drop(p)
+            p.handle = None
         await self.behind.settle(h.inode)
         if not any(other.inode is h.inode for other in self.handles.values()):
             self.behind.forget_error(h.inode)
-        p = h.inode.pending
-        if p is None or p.handle is not h:
-            return
-        try:
-            await self._settle(h.inode)
-        except OSError as e:
-            log.error("%s: data written for a recognised copy could not be written at close: %s",
-                      self._where(h.inode), e)
-            self.recogniser.drop(p)
-        p.handle = None
 
     async def flush(self, ctx, nodeid, fh):
         h = self._handle(fh)

@@ -201,13 +201,15 @@ class Pending:
 class Recogniser:
     """Served blocks and the pending copies of a mount.
 
-    ``send(handle, offset, data)`` writes to the server as usual, ``source_of(key)`` is the live
-    inode of an inode key (or None), ``endpoint(inode, file)`` the planner's Endpoint."""
+    ``send(handle, offset, data)`` writes to the server as usual (maybe still on its way when it
+    returns: writebehind.py), ``drain(inode)`` waits for what was sent to ``inode``, ``source_of(key)``
+    is the live inode of an inode key (or None), ``endpoint(inode, file)`` the planner's Endpoint."""
 
-    def __init__(self, stats, planner, send, source_of, endpoint, held_max=HELD_MAX):
+    def __init__(self, stats, planner, send, drain, source_of, endpoint, held_max=HELD_MAX):
         self.stats = stats
         self.planner = planner
         self.send = send
+        self.drain = drain
         self.source_of = source_of
         self.endpoint = endpoint
         self.held_max = held_max
@@ -395,6 +397,7 @@ class Recogniser:
             if version(await backend.getattr(src.node, file), src) != run.version:
                 log.info("%s changed since it was read: writing the data copied from it", source.label)
                 return 0
+            await self.drain(h.inode)  # a write still on its way there could land after the copy
             moved = await self.planner.offload_copy(source, run.src, self.endpoint(h.inode, h.file), run.dst,
                                                     run.length)
             if moved and version(await backend.getattr(src.node, file), src) != run.version:

@@ -3,11 +3,13 @@ import os
 from types import SimpleNamespace
 
 import trio
+import trio.testing
 
 from offloadfs.backends.base import Backend, Stat
 from offloadfs.planner import Endpoint, Planner
 from offloadfs import recognise
 from offloadfs.recognise import BLOCK, Recogniser, Served
+from offloadfs.writebehind import WriteBehind
 from offloadfs.stats import Stats
 
 
@@ -68,11 +70,11 @@ class Server(Backend):
 class Mount:
     """A Recogniser wired as filesystem.py wires it, with a source file served whole."""
 
-    def __init__(self, data, held_max=64 << 20):
+    def __init__(self, data, held_max=64 << 20, send=None, drain=None):
         self.server = Server()
         self.stats = Stats("/mnt", {})
         self.files = {}
-        self.rec = Recogniser(self.stats, Planner(self.stats), self.send, self.files.get,
+        self.rec = Recogniser(self.stats, Planner(self.stats), send or self.send, drain or self.drain, self.files.get,
                               lambda inode, file: Endpoint(self.server, inode.node, file, "f"), held_max)
         self.src = self.inode("src", File(data))
 
@@ -88,6 +90,9 @@ class Mount:
 
     async def send(self, h, offset, data):
         await self.server.write(h.file, offset, data)
+
+    async def drain(self, inode):
+        pass
 
     async def serve(self, offset=0, size=None, st=None):
         """A READ as filesystem.py serves it; ``st``: the attributes it knows (cached), else asked now."""
@@ -276,6 +281,28 @@ async def test_a_file_is_no_source_for_itself():
     h = SimpleNamespace(inode=m.src, file=m.src.node)
     await m.rec.write(h, 0, DATA[:BLOCK])
     assert m.server.sent == BLOCK and m.counters()["recognised_bytes"] == 0
+
+
+def test_a_write_still_on_its_way_lands_before_a_copy_over_it():
+    """Plain writes go behind (writebehind.py): a held copy committed over a range such a write is still
+    carrying must wait for it, or the older bytes would land last."""
+    async def body():
+        behind = WriteBehind(None, lambda inode: "dst")
+        m = Mount(DATA, send=lambda h, offset, data: behind.write(h.inode, h, offset, data), drain=behind.settle)
+
+        async def slow_write(h, offset, data):
+            await trio.sleep(1)
+            await m.server.write(h.file, offset, data)
+        behind.send = slow_write
+        await m.serve()
+        h = m.handle("dst")
+        h.inode.behind = None
+        await m.rec.write(h, 0, os.urandom(BLOCK))  # fresh: on its way for a second
+        await m.rec.write(h, 0, DATA[:BLOCK])  # served: held, then copied
+        await m.rec.commit(h.inode)
+        await behind.settle(h.inode)
+        assert bytes(h.file) == DATA[:BLOCK]
+    trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 def test_served_keeps_the_short_block_only_at_the_end():
