@@ -29,6 +29,7 @@ from offloadfs.lab.server import ServerProcess
 
 PORT = 2049
 EXPORT = "/export"
+DOMAIN = "localdomain"
 STOP_TIMEOUT = 5
 NFS_PROGRAM = 100003
 
@@ -46,6 +47,9 @@ NFSV4 {{
     {grace}
     RecoveryBackend = fs;
     RecoveryRoot = {dir}/recovery;
+    # Owners go out as name@localdomain whatever the host's DNS domain, which
+    # libnfsidmap would use otherwise: tests rewrite those names in replies.
+    IdmapConf = {dir}/idmapd.conf;
 }}
 # Otherwise every start looks for a keytab and logs its absence.
 NFS_KRB5 {{
@@ -149,6 +153,7 @@ def ganesha_server(path, net=None, port=PORT, root_squash=False, grace=None):
     with tempfile.TemporaryDirectory(prefix="offloadfs-ganesha-") as tmp:
         workdir = Path(tmp)
         (workdir / "recovery").mkdir()
+        (workdir / "idmapd.conf").write_text(f"[General]\nDomain = {DOMAIN}\n")
         (workdir / "ganesha.conf").write_text(CONFIG.format(
             host=host, port=port, dir=workdir, path=path, export=EXPORT,
             squash="Root_Squash" if root_squash else "No_Root_Squash",
