@@ -89,6 +89,31 @@ async def test_write_and_read_back_in_many_pieces(place):
     assert (path / "f").read_bytes() == data
 
 
+async def test_writes_landing_while_a_commit_is_on_its_way_are_not_lost_ones(place, monkeypatch):
+    """Writes behind reach a file while one of them commits: those are unstable writes the
+    next COMMIT takes, not writes the server lost (it said so by keeping its verifier)."""
+    monkeypatch.setattr(nfs_backend, "DIRTY_LIMIT", 0)
+    url, path = place
+    pieces = [os.urandom(4096) for _ in range(4)]
+    async with mounted(url) as (b, root):
+        node, f = await make(b, root, b"f")
+        send, behind = b._call, iter(range(1, len(pieces)))
+
+        async def call(compound, **kw):
+            i = next(behind, None) if isinstance(compound[-1], ops.Commit) else None
+            if i is not None:  # the next write lands first
+                await b._write_piece(f, i * 4096, pieces[i])
+            return await send(compound, **kw)
+
+        monkeypatch.setattr(b, "_call", call)
+        await b.write(f, 0, pieces[0])
+        for _ in pieces:
+            await b.flush(f)  # each commits what was written before it
+        assert not f.dirty
+        await b.release(f)
+    assert (path / "f").read_bytes() == b"".join(pieces)
+
+
 async def test_created_files_belong_to_the_caller(place):
     url, path = place
     async with mounted(url) as (b, root):

@@ -439,11 +439,13 @@ class NFSBackend(Backend):
             done += result.count
 
     async def _commit(self, file):
-        """COMMIT the unstable writes; those written under another verifier than COMMIT's go again."""
+        """COMMIT the unstable writes made so far; those written under another verifier than
+        COMMIT's go again. Writes landing meanwhile (writes behind, side by side) are left for the
+        next COMMIT: only a server that loses the same writes again and again is an error."""
         for _ in range(3):
-            if not file.dirty:
-                return
             dirty, file.dirty, file.dirty_bytes = file.dirty, [], 0
+            if not dirty:
+                return
             try:
                 [_, verifier] = await self._call([ops.PutFH(file.node.fh), ops.Commit()])
             except BaseException:
@@ -451,13 +453,13 @@ class NFSBackend(Backend):
                 file.dirty_bytes = sum(len(d) for _, d, _ in file.dirty)
                 raise
             lost = [(o, d) for o, d, v in dirty if v != verifier]
-            if lost:
-                log.warning("NFS server %s restarted before committing %d writes; sending them again",
-                            self.settings.host, len(lost))
-                for o, d in lost:
-                    await self._write_piece(file, o, d)
-        if file.dirty:
-            raise OSError(errno.EIO, "the server keeps losing unstable writes")
+            if not lost:
+                return
+            log.warning("NFS server %s restarted before committing %d writes; sending them again",
+                        self.settings.host, len(lost))
+            for o, d in lost:
+                await self._write_piece(file, o, d)
+        raise OSError(errno.EIO, "the server keeps losing unstable writes")
 
     async def flush(self, file):
         await self._commit(file)  # close-to-open: what one descriptor wrote is on disk when it closes
