@@ -24,7 +24,7 @@ import trio
 log = logging.getLogger(__name__)
 
 FILE_WINDOW = 4 << 20
-MOUNT_WINDOW = 16 << 20
+MOUNT_WINDOW = 8 << 20
 
 
 @dataclass(slots=True)
