@@ -20,6 +20,7 @@ import trio
 
 from offloadfs.backends import SourceError
 from offloadfs.backends.base import NotSupported
+from offloadfs.backends.smb import messages as m
 from offloadfs.lab import freeze
 from offloadfs.planner import Endpoint, Planner
 from offloadfs.stats import Stats
@@ -271,7 +272,7 @@ def _endless(call):
     async def endless(share, messages, generation=None):
         results = await call(share, messages, generation)
         for i, msg in enumerate(messages):
-            if type(msg).__name__ == "SMB2QueryDirectoryRequest":
+            if m.command(msg) == "QUERY_DIRECTORY":
                 status, body = results[i]
                 if status == smb_errors.SUCCESS and not first:
                     first.append(body)

@@ -376,7 +376,7 @@ class SMBBackend(Capabilities, Backend):
         # uid/gid: SMB without unix extensions has no owners to change (mount.cifs ignores them too).
         changes = []
         if size is not None:
-            changes.append(m.set_info(info.FILE_END_OF_FILE, info.FileEndOfFileInformation(size).pack()))
+            changes.append((info.FILE_END_OF_FILE, info.FileEndOfFileInformation(size).pack()))
         attributes = 0
         if mode is not None:
             # As mount.cifs: no write permission is the read-only attribute.
@@ -390,15 +390,16 @@ class SMBBackend(Capabilities, Backend):
             now = time.time_ns()  # SMB has no "the server's time": set our clock's
             basic = info.FileBasicInformation(now if atime_ns == NOW else atime_ns,
                                               now if mtime_ns == NOW else mtime_ns, attributes).pack()
-            changes.append(m.set_info(info.FILE_BASIC, basic))
+            changes.append((info.FILE_BASIC, basic))
         for f in files:
             for change in changes:
-                await self._file_call(f, lambda fid: _with_file_id(change, fid))
+                await self._file_call(f, lambda fid: m.set_info(*change, fid))
         if files:
             return await self.getattr(node, files[0])
         path = _path(node)
         access = m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES | (m.WRITE_DATA if size is not None else 0)
-        bodies = await self._call([m.create(path, access), *changes, _query_all(), m.close()], path)
+        bodies = await self._call([m.create(path, access), *(m.set_info(*c) for c in changes), _query_all(), m.close()],
+                                  path)
         return self._stat(info.FileAllInformation.unpack(wire.QueryResponse.buffer(bodies[-2])))
 
     async def readlink(self, node):
@@ -812,11 +813,6 @@ def _changed(node):
 def _query_all(file_id=m.RELATED):
     # 64 KiB (one credit): the reply ends with the file's path, which may be long.
     return m.query_info(info.FILE_ALL, file_id, 65536)
-
-
-def _with_file_id(message, file_id):
-    message["file_id"] = file_id
-    return message
 
 
 def _ea_name(name):

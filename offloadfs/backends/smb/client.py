@@ -40,7 +40,7 @@ from smbprotocol.session import Session
 from smbprotocol.transport import Tcp
 from smbprotocol.tree import TreeConnect
 
-from . import errors, oplocks
+from . import errors, messages, oplocks
 from .errors import ConnectionLost, status_error
 
 log = logging.getLogger(__name__)
@@ -491,6 +491,14 @@ class _GuardedConnection(Connection):
     smbprotocol allocated whatever it said (0xFFFFFFFF: 4 GiB).  Frames over
     what the server may send are refused before anything is allocated.
     """
+
+    def _calculate_credit_charge(self, message):
+        """smbprotocol's charge, for the requests messages.py packs (3.2.4.1.5)."""
+        if not isinstance(message, messages.Request):
+            return super()._calculate_credit_charge(message)
+        if not self.supports_multi_credit:
+            return 0
+        return (max(0, message.payload - 1) >> 16) + 1
 
     def verify_signature(self, header, session_id, force=False):
         interim = header["status"].get_value() == errors.PENDING and header["flags"].has_flag(ASYNC_COMMAND)
