@@ -1,4 +1,4 @@
-"""_GuardedConnection's reply checks on replies built here.
+"""GuardedConnection's framing of requests and replies, and its reply checks, on messages built here.
 
 The mountpoint tests (test_mp_hostile_smb) run them through a man in the
 middle in front of Samba; a plaintext reply on an encrypted session cannot be
@@ -11,17 +11,20 @@ from types import SimpleNamespace
 import pytest
 
 smbprotocol = pytest.importorskip("smbprotocol", reason="smbprotocol is not installed")
-from smbprotocol.connection import Commands, Dialects  # noqa: E402
+from smbprotocol.connection import Commands, Connection, Dialects  # noqa: E402
 from smbprotocol.header import SMB2HeaderRequest, SMB2HeaderResponse, Smb2Flags  # noqa: E402
 
-from offloadfs.backends.smb import client, errors  # noqa: E402
+import test_smb_messages  # noqa: E402
+from offloadfs.backends.smb import connection as smbconn, errors, messages as m  # noqa: E402
+
+FID = bytes(range(16))
 
 SESSION, MESSAGE, KEY = 7, 5, b"k" * 16
 
 
 def connection(encrypt=False, sent=Commands.SMB2_READ):
     """A guarded connection (never connected) with one session and one request of command ``sent``."""
-    conn = client._GuardedConnection(uuid.uuid4(), "127.0.0.1", 445)
+    conn = smbconn.GuardedConnection(uuid.uuid4(), "127.0.0.1", 445)
     conn.dialect = Dialects.SMB_3_0_0  # AES-CMAC signatures
     conn.session_table[SESSION] = SimpleNamespace(signing_key=KEY, encrypt_data=encrypt)
     request = SMB2HeaderRequest()
@@ -46,7 +49,7 @@ def reply(conn, command=Commands.SMB2_READ, status=errors.SUCCESS, flags=0, sign
 
 def test_a_signed_reply_passes():
     conn = connection()
-    conn.verify_signature(reply(conn), SESSION)
+    conn._verify(reply(conn).pack(), SESSION)
 
 
 @pytest.mark.parametrize("forge", ["unsigned flag", "altered data", "poses as session setup"])
@@ -58,22 +61,22 @@ def test_an_unsigned_or_altered_reply_is_refused(forge):
     else:
         command = Commands.SMB2_SESSION_SETUP if forge == "poses as session setup" else Commands.SMB2_READ
         header = reply(conn, command=command, sign=False)
-    with pytest.raises(client._Refused, match="signature does not match"):
-        conn.verify_signature(header, SESSION)
+    with pytest.raises(smbconn._Refused, match="signature does not match"):
+        conn._verify(header.pack(), SESSION)
 
 
 def test_a_plaintext_reply_on_an_encrypted_session_is_refused():
     conn = connection(encrypt=True)
-    with pytest.raises(client._Refused, match="unencrypted reply"):
-        conn.verify_signature(reply(conn), SESSION)
+    with pytest.raises(smbconn._Refused, match="unencrypted reply"):
+        conn._verify(reply(conn).pack(), SESSION)
 
 
 def test_only_async_interim_replies_go_unverified():
     conn = connection()
-    conn.verify_signature(reply(conn, status=errors.PENDING, flags=Smb2Flags.SMB2_FLAGS_ASYNC_COMMAND,
-                                sign=False), SESSION)
-    with pytest.raises(client._Refused):
-        conn.verify_signature(reply(conn, status=errors.PENDING, sign=False), SESSION)
+    conn._verify(reply(conn, status=errors.PENDING, flags=Smb2Flags.SMB2_FLAGS_ASYNC_COMMAND, sign=False).pack(),
+                 SESSION)
+    with pytest.raises(smbconn._Refused):
+        conn._verify(reply(conn, status=errors.PENDING, sign=False).pack(), SESSION)
 
 
 def test_a_frame_longer_than_the_server_may_send_is_refused_before_reading_it():
@@ -86,6 +89,123 @@ def test_a_frame_longer_than_the_server_may_send_is_refused_before_reading_it():
         return b"\xff\xff\xff\xff", timeout
 
     conn.transport = SimpleNamespace(_recv=recv)
-    with pytest.raises(client._Refused, match="over the 8454144-byte limit"):
+    with pytest.raises(smbconn._Refused, match="over the 8454144-byte limit"):
         conn._recv_frame(600)
     assert reads == [4]
+
+
+# -- framing: requests as smbprotocol would send them, replies into Requests ------------------------------------
+
+TREE = 3
+
+
+def sending(conn, signing=True):
+    """``conn`` with a session and tree to send on; the bytes it sends collect in the list returned."""
+    sent = []
+    conn.session_table[SESSION] = SimpleNamespace(
+        signing_key=KEY, signing_required=signing, encrypt_data=False,
+        tree_connect_table={TREE: SimpleNamespace(is_dfs_share=False, encrypt_data=False)})
+    conn.supports_multi_credit = True
+    conn.transport = SimpleNamespace(send=sent.append, connected=True)
+    conn.sequence_window = {"low": 10, "high": 200}
+    return sent
+
+
+@pytest.mark.parametrize("signing", [True, False])
+def test_requests_go_out_as_smbprotocol_sends_them(signing):
+    from smbprotocol.open import SMB2CloseRequest, SMB2QueryInfoRequest, SMB2ReadRequest
+    ours = [m.create("d\\f", m.READ), m.query_info(18, m.RELATED, 65536), m.close()]
+    reference = [test_smb_messages.reference_create("d\\f", m.READ, m.OPEN, 0, m.NO_OPLOCK, ()),
+                 test_smb_messages.structure(SMB2QueryInfoRequest, info_type=1, file_info_class=18,
+                                             output_buffer_length=65536, file_id=m.RELATED),
+                 test_smb_messages.structure(SMB2CloseRequest, file_id=m.RELATED)]
+    big = ([m.read(FID, 0, 1 << 20)], [test_smb_messages.structure(SMB2ReadRequest, length=1 << 20, file_id=FID,
+                                                                   padding=0x50)])
+    for compound, expected in ((ours, reference), big):
+        conn = smbconn.GuardedConnection(uuid.uuid4(), "127.0.0.1", 445)
+        conn.dialect = Dialects.SMB_3_0_0
+        wire = sending(conn, signing)
+        requests = conn._send(compound, SESSION, TREE, credit_request=64, related=True)
+        conn.sequence_window = {"low": 10, "high": 200}
+        Connection._send(conn, expected, SESSION, TREE, credit_request=64, related=True)
+        assert wire[0] == wire[1]
+        assert [r.message.message_id for r in requests] == list(range(10, 10 + len(compound)))
+
+
+def test_a_request_beyond_the_credits_is_refused():
+    conn = smbconn.GuardedConnection(uuid.uuid4(), "127.0.0.1", 445)
+    wire = sending(conn)
+    conn.sequence_window = {"low": 10, "high": 20}
+    with pytest.raises(smbprotocol.exceptions.SMBException, match="requires 16 credits"):
+        conn._send([m.read(FID, 0, 1 << 20)], SESSION, TREE)
+    assert wire == []
+
+
+def signed_reply(conn, message_id, data, status=errors.SUCCESS, command=Commands.SMB2_READ, credits=1):
+    header = SMB2HeaderResponse()
+    header["command"] = command
+    header["status"] = status
+    header["message_id"] = message_id
+    header["session_id"] = SESSION
+    header["credit_response"] = credits
+    header["flags"] = Smb2Flags.SMB2_FLAGS_SERVER_TO_REDIR | Smb2Flags.SMB2_FLAGS_SIGNED
+    header["data"] = data
+    header["signature"] = conn._generate_signature(header.pack(), KEY, message_id, True, command)
+    return header.pack()
+
+
+def receiving(conn, frames):
+    """Run conn's receive worker over ``frames`` (each a whole SMB2 frame), then an orderly end of stream."""
+    stream = bytearray(b"".join(len(f).to_bytes(4, "big") + f for f in frames))
+
+    def recv(n, timeout):
+        if not stream:
+            return None, timeout
+        piece = bytes(stream[:n])
+        del stream[:n]
+        return piece, timeout
+
+    conn.transport = SimpleNamespace(_recv=recv, send=None, connected=True, close=lambda: None)
+    conn.max_read_size = conn.max_write_size = conn.max_transact_size = 1 << 20
+    conn._process_message_thread()
+
+
+def sent_requests(conn, n):
+    wire = sending(conn)
+    requests = conn._send([m.read(FID, 0, 100) for _ in range(n)], SESSION, TREE)
+    assert len(wire) == 1
+    return requests
+
+
+def test_a_compound_reply_reaches_each_request_with_its_credits():
+    conn = smbconn.GuardedConnection(uuid.uuid4(), "127.0.0.1", 445)
+    conn.dialect = Dialects.SMB_3_0_0
+    first, second = sent_requests(conn, 2)
+    one = signed_reply(conn, 10, b"\x11\x00" + b"ONE." * 3)  # 78 bytes: padded to 80 in the compound
+    one = one[:20] + (80).to_bytes(4, "little") + one[24:] + bytes(2)
+    one = one[:48] + bytes(16) + one[64:]
+    one = one[:48] + conn._generate_signature(one, KEY, 10, True, Commands.SMB2_READ) + one[64:]
+    two = signed_reply(conn, 11, b"\x11\x00" + b"TWO." * 3, status=errors.END_OF_FILE, credits=5)
+    receiving(conn, [one + two])
+    assert conn._t_exc is None
+    assert (first.response.status, bytes(first.response.data)) == (errors.SUCCESS, b"\x11\x00" + b"ONE." * 3 + bytes(2))
+    assert (second.response.status, bytes(second.response.data)) == (errors.END_OF_FILE, b"\x11\x00" + b"TWO." * 3)
+    assert conn.sequence_window["high"] == 200 + 1 + 5
+
+
+@pytest.mark.parametrize("forge", ["altered", "unsigned", "past its end", "never sent"])
+def test_a_bad_reply_ends_the_connection_and_reaches_no_request(forge):
+    conn = smbconn.GuardedConnection(uuid.uuid4(), "127.0.0.1", 445)
+    conn.dialect = Dialects.SMB_3_0_0
+    [request] = sent_requests(conn, 1)
+    frame = signed_reply(conn, 99 if forge == "never sent" else 10, b"\x11\x00" + b"DATA" * 4)
+    if forge == "altered":
+        frame = frame[:-4] + b"EVIL"
+    elif forge == "unsigned":
+        flags = int.from_bytes(frame[16:20], "little") & ~Smb2Flags.SMB2_FLAGS_SIGNED
+        frame = frame[:16] + flags.to_bytes(4, "little") + frame[20:48] + bytes(16) + frame[64:]
+    elif forge == "past its end":
+        frame = frame[:20] + (len(frame) + 8).to_bytes(4, "little") + frame[24:]
+    receiving(conn, [frame])
+    assert conn._t_exc is not None
+    assert request.response is None

@@ -18,7 +18,7 @@ from smbprotocol.open import (
 from smbprotocol.create_contexts import SMB2CreateContextRequest
 
 from offloadfs.backends.smb import info, messages as m
-from offloadfs.backends.smb.client import _GuardedConnection
+from offloadfs.backends.smb.connection import GuardedConnection
 
 FID = bytes(range(16))
 
@@ -100,7 +100,7 @@ def test_ioctl(input, out):
 
 
 def test_credit_charges_are_smbprotocols():
-    conn = _GuardedConnection.__new__(_GuardedConnection)
+    conn = GuardedConnection.__new__(GuardedConnection)
     conn.supports_multi_credit = True
     cases = [
         (m.read(FID, 0, 1 << 20), structure(SMB2ReadRequest, length=1 << 20, file_id=FID)),
@@ -115,3 +115,8 @@ def test_credit_charges_are_smbprotocols():
         assert conn._calculate_credit_charge(ours) == conn._calculate_credit_charge(ref), m.command(ours)
     conn.supports_multi_credit = False
     assert conn._calculate_credit_charge(m.read(FID, 0, 1 << 20)) == 0
+
+
+def test_oplock_break_acknowledgment():
+    # 2.2.24.1: structure size 24, the level kept (none), reserved, the file id.
+    assert m.oplock_break_ack(FID).pack() == b"\x18\x00" + b"\x00" + bytes(5) + FID

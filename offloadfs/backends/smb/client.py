@@ -32,15 +32,12 @@ import time
 import uuid
 
 import trio
-from cryptography.exceptions import InvalidTag
-from smbprotocol.connection import Commands, Connection
-from smbprotocol.header import Smb2Flags
 from smbprotocol.exceptions import SMBException, SMBResponseException
 from smbprotocol.session import Session
-from smbprotocol.transport import Tcp
 from smbprotocol.tree import TreeConnect
 
-from . import errors, messages, oplocks
+from . import errors, oplocks
+from .connection import CONNECT_TIMEOUT, MIN_IO_SIZE, GuardedConnection, LeanSend, describe
 from .errors import ConnectionLost, status_error
 
 log = logging.getLogger(__name__)
@@ -50,7 +47,6 @@ log = logging.getLogger(__name__)
 for noisy in ("smbprotocol", "spnego"):
     logging.getLogger(noisy).setLevel(logging.CRITICAL)
 
-CONNECT_TIMEOUT = 15  # connecting and logging on; then each tree connect
 IO_TIMEOUT = 60  # any one request
 CREDITS = 4096  # what we ask the server for (Samba grants up to 8192)
 SPARE_CREDITS = 8  # never spent: smbprotocol's own requests (tree connect, keepalive echo) need some
@@ -61,11 +57,6 @@ RECONNECT_DELAY_MAX = 5
 # is then reached by the first request after it, not the first after the delay.
 RETRY_WAIT = 1
 LOG_INTERVAL = 10  # seconds between two log lines about one server's connections
-MIN_IO_SIZE = 65536  # the least a server may offer as its largest read, write or transaction
-# A reply frame may hold the largest read the server allows plus headers: its SMB2 header and
-# response, the other replies of a compound (a create and a close), a transform header.
-FRAME_OVERHEAD = 65536
-ASYNC_COMMAND = Smb2Flags.SMB2_FLAGS_ASYNC_COMMAND  # on interim replies (MS-SMB2 3.3.4.2)
 
 
 class _Arrival:
@@ -107,14 +98,14 @@ class _Arrival:
 
     def _final(self):
         r = self._request.response
-        return r is not None and r["status"].get_value() != errors.PENDING
+        return r is not None and r.status != errors.PENDING
 
     def _forget(self):
-        self._conn.outstanding_requests.pop(self._request.message["message_id"].get_value(), None)
+        self._conn.outstanding_requests.pop(self._request.message.message_id, None)
         self._request = None
 
     async def wait(self):
-        """The final response header, or None if the connection died first."""
+        """The final connection.Reply, or None if the connection died first."""
         while True:
             await self._event.wait()
             request = self._request
@@ -188,7 +179,7 @@ class Client:
         """Connect, log on and get credits; errors say what failed, never with the password."""
         self.conn = None
         self.trees = {}
-        conn = _GuardedConnection(uuid.uuid4(), self.target.host, self.target.port, require_signing=True)
+        conn = GuardedConnection(uuid.uuid4(), self.target.host, self.target.port, require_signing=True)
         try:
             session = await self._blocking(conn, self._connect_sync, conn)
         except BaseException:
@@ -217,7 +208,7 @@ class Client:
             if size < MIN_IO_SIZE:
                 raise ConnectionLost(f"negotiate with {self.where} failed: largest {what} of {size} bytes "
                                      f"offered, less than {MIN_IO_SIZE}")
-        conn.transport.send = _LeanSend(conn.transport)
+        conn.transport.send = LeanSend(conn.transport)
         user = f"{t.domain}\\{t.username}" if t.domain else t.username
         session = Session(conn, user, t.password, require_encryption=t.seal, auth_protocol="ntlm")
         try:
@@ -351,7 +342,7 @@ class Client:
         self._in_flight += charge
         try:
             with trio.CancelScope(deadline=deadline) as scope:
-                headers = [await a.wait() for a in arrivals]
+                replies = [await a.wait() for a in arrivals]
         except BaseException:
             for a in arrivals:
                 a.abandon()
@@ -361,11 +352,11 @@ class Client:
         if scope.cancelled_caught:
             self._timed_out(conn, timeout)
         results = []
-        for header in headers:
-            if header is None:
+        for reply in replies:
+            if reply is None:
                 raise self._lost(conn)
-            conn.outstanding_requests.pop(header["message_id"].get_value(), None)
-            results.append((header["status"].get_value(), header["data"].get_value()))
+            conn.outstanding_requests.pop(reply.message_id, None)
+            results.append((reply.status, reply.data))
         self._served = self.generation
         self._delay = 0
         return results
@@ -438,153 +429,9 @@ class Client:
         self._shutdown(conn)
 
 
-class _LeanSend:
-    """Replaces Tcp.send: the length prefix and the message go out in one sendmsg, with no copies.
-
-    Tcp.send packs both into a new string and re-slices the rest after every
-    partial send, several copies of each 8 MiB write.
-    """
-
-    def __init__(self, transport):
-        self.transport = transport
-        transport._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # whole messages only
-
-    def __call__(self, data):
-        t = self.transport
-        if not isinstance(data, bytes):
-            data = data.pack()  # an encrypted message comes as its transform header structure
-        if len(data) > t.MAX_SIZE:
-            raise ValueError(f"SMB message of {len(data)} bytes exceeds {t.MAX_SIZE}")
-        buffers = [len(data).to_bytes(4, "big"), memoryview(data)]
-        with t._sock_lock:
-            while buffers:
-                sent = t._sock.sendmsg(buffers)
-                while buffers and sent >= len(buffers[0]):
-                    sent -= len(buffers.pop(0))
-                if sent:
-                    buffers[0] = buffers[0][sent:]
-
-
 def _reason(e):
     cause = e.__cause__
     return getattr(cause, "strerror", None) or str(cause or e)
-
-
-class _Refused(SMBException):
-    """A reply the guarded connection will not take; its text says why, in words for the log."""
-
-
-class _GuardedConnection(Connection):
-    """smbprotocol's Connection with the checks a man in the middle must not get past.
-
-    smbprotocol verifies a reply only if the reply says it is signed, so
-    clearing SMB2_FLAGS_SIGNED let forged data through; and it accepts a
-    plaintext reply on a session that encrypts.  MS-SMB2 3.2.5.1.3: once a
-    session signs, every reply is verified except interim STATUS_PENDING ones
-    (async; they carry no result) and oplock/lease breaks (message id all ones, session 0: oplocks.Listener
-    takes oplock breaks; a forged one only makes us give an oplock up).  Which request a
-    reply answers is taken from the request we sent, never from the reply, so
-    a reply that poses as a SESSION_SETUP one is verified too.  Decrypted
-    replies were authenticated by AES-GCM/CCM and pass.
-
-    The length in front of each reply is not covered by any signature:
-    smbprotocol allocated whatever it said (0xFFFFFFFF: 4 GiB).  Frames over
-    what the server may send are refused before anything is allocated.
-    """
-
-    def _calculate_credit_charge(self, message):
-        """smbprotocol's charge, for the requests messages.py packs (3.2.4.1.5)."""
-        if not isinstance(message, messages.Request):
-            return super()._calculate_credit_charge(message)
-        if not self.supports_multi_credit:
-            return 0
-        return (max(0, message.payload - 1) >> 16) + 1
-
-    def verify_signature(self, header, session_id, force=False):
-        interim = header["status"].get_value() == errors.PENDING and header["flags"].has_flag(ASYNC_COMMAND)
-        if force or interim:
-            return super().verify_signature(header, session_id, force)
-        if header["message_id"].get_value() == oplocks.UNSOLICITED:
-            if header["command"].get_value() != Commands.SMB2_OPLOCK_BREAK:
-                raise _Refused("an unsolicited message that is not an oplock break")
-            return
-        request = self.outstanding_requests.get(header["message_id"].get_value())
-        command = request.message["command"].get_value() if request is not None else None
-        if command in (Commands.SMB2_NEGOTIATE, Commands.SMB2_SESSION_SETUP):
-            if command == Commands.SMB2_SESSION_SETUP and header["status"].get_value() == errors.SUCCESS:
-                self.logon_reply = header  # for Client._connect_sync to verify once the session has keys
-            return super().verify_signature(header, session_id, force)  # before the session has keys
-        session = self.session_table.get(session_id)
-        if session is None or session.signing_key is None:
-            raise _Refused(f"a reply for session {session_id}, which has no keys")
-        if session.encrypt_data:
-            raise _Refused("an unencrypted reply on an encrypted session")
-        try:
-            super().verify_signature(header, session_id, force=True)
-        except SMBException:
-            raise _Refused("a reply whose signature does not match (altered on the way)") from None
-
-    def verify_logon(self, session):
-        """Verify the final SESSION_SETUP reply of a session that encrypts.
-
-        smbprotocol verifies it only on a session that signs; its signature is
-        what vouches for the unsigned negotiate and setup replies before it.
-        """
-        try:
-            super().verify_signature(self.logon_reply, session.session_id, force=True)
-        except SMBException:
-            raise _Refused("a logon reply whose signature does not match (altered on the way)") from None
-
-    def _process_message_thread(self):
-        self.transport.recv = self._recv_frame
-        try:
-            super()._process_message_thread()
-        except RuntimeError:
-            pass  # its last loop over the outstanding requests raced with a pop by Client.call: done below
-        finally:
-            for request in tuple(self.outstanding_requests.values()):
-                request.response_event.set()
-
-    def _recv_frame(self, timeout):
-        """Tcp.recv, refusing a frame larger than the server may send before reading it.
-
-        Once its length is in, a frame must come whole within CONNECT_TIMEOUT
-        (or keep coming: after that smbprotocol waits a second per piece).  A
-        length that claims more than the server sent would otherwise hold
-        every reply behind it for IO_TIMEOUT, and a TimeoutError would make
-        smbprotocol's worker carry on in the middle of a frame.
-        """
-        length, timeout = self.transport._recv(4, timeout)
-        if not length:
-            return b""
-        size = int.from_bytes(length, "big")
-        limit = self.frame_limit()
-        if size > limit:
-            raise _Refused(f"a {size}-byte reply, over the {limit}-byte limit")
-        try:
-            return self.transport._recv(size, CONNECT_TIMEOUT)[0]
-        except TimeoutError as e:
-            raise _Refused(f"a {size}-byte reply that did not come whole in {CONNECT_TIMEOUT} s ({e})") from None
-
-    def frame_limit(self):
-        """The largest reply frame the server may send: 2.1 allows 24 bits of length."""
-        sizes = (self.max_read_size, self.max_write_size, self.max_transact_size)
-        if None in sizes:
-            return MIN_IO_SIZE + FRAME_OVERHEAD  # negotiate and session setup replies are small
-        return min(Tcp.MAX_SIZE, max(sizes) + FRAME_OVERHEAD)
-
-
-def describe(e):
-    """What a failure inside smbprotocol says about the server's replies, in one line."""
-    if isinstance(e, InvalidTag):
-        return "a reply that fails decryption (altered on the way)"
-    if isinstance(e, OSError):
-        return e.strerror or str(e)
-    if isinstance(e, KeyError):
-        return f"a reply to a request never sent (message id {e})"
-    if isinstance(e, SMBException):
-        return str(e)
-    return f"a malformed reply ({type(e).__name__}: {e})"
 
 
 class _LogLimit:

@@ -4,7 +4,6 @@ A request inside a related compound uses RELATED as its file id: "the handle
 the CREATE before me opened", so open + query + close is one round trip.
 """
 import struct
-from collections import OrderedDict
 
 from smbprotocol.create_contexts import (
     SMB2CreateContextRequest,
@@ -14,7 +13,6 @@ from smbprotocol.create_contexts import (
 from smbprotocol.file_info import InfoType
 from smbprotocol.header import Commands
 from smbprotocol.open import ImpersonationLevel
-from smbprotocol.structure import BytesField, IntField, Structure
 
 from .wire import FSCTL_SRV_REQUEST_RESUME_KEY
 
@@ -92,6 +90,7 @@ _QUERY_INFO = struct.Struct("<HBBIHHIII16s")
 _SET_INFO = struct.Struct("<HBBIHHI16s")
 _QUERY_DIRECTORY = struct.Struct("<HBBI16sHHI")
 _IOCTL = struct.Struct("<HHI16sIIIIIIII")
+_OPLOCK_BREAK_ACK = struct.Struct("<HBBI16s")
 _HEADER = 64
 
 
@@ -123,27 +122,9 @@ def durable_reconnect(file_id, create_guid):
     return c
 
 
-class OplockBreakAcknowledgment(Structure):
-    """2.2.24.1, which smbprotocol lacks."""
-    COMMAND = Commands.SMB2_OPLOCK_BREAK
-
-    def __init__(self):
-        self.fields = OrderedDict([
-            ("structure_size", IntField(size=2, default=24)),
-            ("oplock_level", IntField(size=1)),
-            ("reserved", IntField(size=1)),
-            ("reserved2", IntField(size=4)),
-            ("file_id", BytesField(size=16)),
-        ])
-        super().__init__()
-
-
 def oplock_break_ack(file_id):
-    """Give up the oplock on ``file_id`` altogether."""
-    m = OplockBreakAcknowledgment()
-    m["oplock_level"] = NO_OPLOCK
-    m["file_id"] = file_id
-    return m
+    """2.2.24.1: give up the oplock on ``file_id`` altogether."""
+    return Request(Commands.SMB2_OPLOCK_BREAK, _OPLOCK_BREAK_ACK.pack(24, NO_OPLOCK, 0, 0, file_id))
 
 
 def close(file_id=RELATED):

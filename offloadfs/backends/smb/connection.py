@@ -1,0 +1,330 @@
+"""smbprotocol's Connection, with requests framed and replies parsed and verified here.
+
+smbprotocol keeps negotiating and logging on.  After that it built a header
+structure per request and parsed one per reply (an object per field), and
+packed each reply again to check its signature: most of the daemon's CPU for
+a metadata request.  Requests that messages.py packed go out, and every reply
+comes in, through struct and the bytes as received instead; smbprotocol's own
+requests (negotiate, logon, tree connect, echo, logoff) keep its structures,
+and so do their replies.
+"""
+import hmac
+import logging
+import socket
+import struct
+
+from cryptography.exceptions import InvalidTag
+from smbprotocol.connection import Commands, Connection, Request, SMB2Echo, SMB2TransformHeader
+from smbprotocol.exceptions import SMBConnectionClosed, SMBException
+from smbprotocol.header import SMB2HeaderResponse, Smb2Flags
+from smbprotocol.transport import Tcp
+
+from . import errors, messages, oplocks
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 15  # connecting and logging on; then each tree connect
+MIN_IO_SIZE = 65536  # the least a server may offer as its largest read, write or transaction
+# A reply frame may hold the largest read the server allows plus headers: its SMB2 header and
+# response, the other replies of a compound (a create and a close), a transform header.
+FRAME_OVERHEAD = 65536
+
+# 2.2.1.2: protocol, size, credit charge, channel sequence, reserved, command, credits asked, flags, next
+# command, message id, process id, tree id, session id, signature.
+REQUEST = struct.Struct("<4sHHHHHHIIQIIQ16s")
+# A reply: status where the request has channel sequence and reserved; tree id or async id (8 bytes).
+REPLY = struct.Struct("<4sHHIHHIIQQQ16s")
+HEADER_SIZE = 64
+PROTOCOL = b"\xfeSMB"
+ENCRYPTED = b"\xfdSMB"
+SIGNED = Smb2Flags.SMB2_FLAGS_SIGNED
+RELATED = Smb2Flags.SMB2_FLAGS_RELATED_OPERATIONS
+DFS = Smb2Flags.SMB2_FLAGS_DFS_OPERATIONS
+ASYNC = Smb2Flags.SMB2_FLAGS_ASYNC_COMMAND  # on interim replies (MS-SMB2 3.3.4.2)
+FROM_SERVER = Smb2Flags.SMB2_FLAGS_SERVER_TO_REDIR
+NO_SIGNATURE = bytes(16)
+
+
+class Sent:
+    """A request's header as its Request keeps it (``message``): the command and message id it went with."""
+    __slots__ = ("command", "message_id")
+
+    def __init__(self, command, message_id):
+        self.command = command
+        self.message_id = message_id
+
+
+class Reply:
+    """A reply to a request messages.py packed: what Client.call hands back.  ``data``: all after the header."""
+    __slots__ = ("status", "message_id", "data")
+
+    def __init__(self, status, message_id, data):
+        self.status = status
+        self.message_id = message_id
+        self.data = data
+
+
+class LeanSend:
+    """Replaces Tcp.send: the length prefix and the message go out in one sendmsg, with no copies.
+
+    Tcp.send packs both into a new string and re-slices the rest after every
+    partial send, several copies of each 8 MiB write.
+    """
+
+    def __init__(self, transport):
+        self.transport = transport
+        transport._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # whole messages only
+
+    def __call__(self, data):
+        t = self.transport
+        if not isinstance(data, bytes):
+            data = data.pack()  # an encrypted message comes as its transform header structure
+        if len(data) > t.MAX_SIZE:
+            raise ValueError(f"SMB message of {len(data)} bytes exceeds {t.MAX_SIZE}")
+        buffers = [len(data).to_bytes(4, "big"), memoryview(data)]
+        with t._sock_lock:
+            while buffers:
+                sent = t._sock.sendmsg(buffers)
+                while buffers and sent >= len(buffers[0]):
+                    sent -= len(buffers.pop(0))
+                if sent:
+                    buffers[0] = buffers[0][sent:]
+
+
+class _Refused(SMBException):
+    """A reply the guarded connection will not take; its text says why, in words for the log."""
+
+
+class GuardedConnection(Connection):
+    """smbprotocol's Connection with the checks a man in the middle must not get past.
+
+    smbprotocol verified a reply only if the reply said it was signed, so
+    clearing SMB2_FLAGS_SIGNED let forged data through; and it accepted a
+    plaintext reply on a session that encrypts.  MS-SMB2 3.2.5.1.3: once a
+    session signs, every reply is verified except interim STATUS_PENDING ones
+    (async; they carry no result) and oplock/lease breaks (message id all ones, session 0: oplocks.Listener
+    takes oplock breaks; a forged one only makes us give an oplock up).  Which request a
+    reply answers is taken from the request we sent, never from the reply, so
+    a reply that poses as a SESSION_SETUP one is verified too.  Decrypted
+    replies were authenticated by AES-GCM/CCM and pass.
+
+    The length in front of each reply is not covered by any signature:
+    smbprotocol allocated whatever it said (0xFFFFFFFF: 4 GiB).  Frames over
+    what the server may send are refused before anything is allocated.
+    """
+
+    def _calculate_credit_charge(self, message):
+        """smbprotocol's charge, for the requests messages.py packs (3.2.4.1.5)."""
+        if not isinstance(message, messages.Request):
+            return super()._calculate_credit_charge(message)
+        if not self.supports_multi_credit:
+            return 0
+        return (max(0, message.payload - 1) >> 16) + 1
+
+    # -- sending ------------------------------------------------------------------
+
+    def _send(self, msgs, session_id=None, tree_id=None, message_id=None, credit_request=None, related=False,
+              async_id=None, force_signature=False):
+        if message_id is not None or async_id is not None or not all(isinstance(x, messages.Request) for x in msgs):
+            return super()._send(msgs, session_id, tree_id, message_id, credit_request, related, async_id,
+                                 force_signature)
+        session = self.session_table[session_id]
+        tree = session.tree_connect_table.get(tree_id)
+        if tree is None:
+            raise SMBException(f"Cannot find Tree with the ID {tree_id} in the session tree table")
+        flags = (SIGNED if session.signing_required and session.signing_key else 0) | \
+            (DFS if tree.is_dfs_share else 0)
+        frames, requests = [], []
+        for i, message in enumerate(msgs):
+            body = message.body
+            last = i == len(msgs) - 1
+            padding = b"" if last else bytes(-(HEADER_SIZE + len(body)) % 8)  # each starts on 8 bytes
+            charge = self._calculate_credit_charge(message)
+            with self.sequence_lock:
+                window = self.sequence_window
+                if charge > window["high"] - window["low"]:
+                    raise SMBException(f"Request requires {charge} credits but only "
+                                       f"{window['high'] - window['low']} credits are available")
+                mid = window["low"]
+                window["low"] += max(charge, 1)
+            header = REQUEST.pack(PROTOCOL, HEADER_SIZE, charge, 0, 0, message.COMMAND, credit_request or charge,
+                                  flags | (RELATED if i and related else 0),
+                                  0 if last else HEADER_SIZE + len(body) + len(padding), mid, 0, tree_id, session_id,
+                                  NO_SIGNATURE)
+            frame = b"".join((header, body, padding))
+            if flags & SIGNED:
+                signature = self._generate_signature(frame, session.signing_key, mid, False, message.COMMAND)
+                frame = b"".join((header[:48], signature, frame[HEADER_SIZE:]))
+            frames.append(frame)
+            request = Request(Sent(message.COMMAND, mid), messages.Request, self, session_id=session_id)
+            self.outstanding_requests[mid] = request
+            requests.append(request)
+        data = b"".join(frames)
+        if session.encrypt_data or tree.encrypt_data:
+            data = self._encrypt(data, session)
+        self._check_worker_running()
+        self.transport.send(data)
+        return requests
+
+    # -- receiving ----------------------------------------------------------------
+
+    def _process_message_thread(self):
+        """smbprotocol's receive worker, on the bytes of each reply.  Whatever goes wrong ends the connection."""
+        try:
+            while True:
+                try:
+                    frame = self._recv_frame(self._receive_timeout)
+                except TimeoutError as e:
+                    self._keep_alive(e)
+                    continue
+                if not frame:
+                    return
+                encrypted = frame[:4] == ENCRYPTED
+                if encrypted:
+                    transform = SMB2TransformHeader()
+                    transform.unpack(frame)
+                    frame = self._decrypt(transform)
+                start = 0
+                while True:
+                    if len(frame) - start < HEADER_SIZE:
+                        raise _Refused(f"a {len(frame) - start}-byte reply, shorter than an SMB2 header")
+                    next_command = REPLY.unpack_from(frame, start)[7]
+                    end = start + next_command if next_command else len(frame)
+                    if next_command and (next_command < HEADER_SIZE or end > len(frame)):
+                        raise _Refused(f"a compound reply whose next message is at {next_command}, past its end")
+                    self._arrived(frame[start:end], encrypted)
+                    if not next_command:
+                        break
+                    start = end
+        except Exception as e:
+            self._t_exc = e
+            self.disconnect(False)
+        finally:
+            for request in tuple(self.outstanding_requests.values()):
+                request.response_event.set()
+
+    def _keep_alive(self, idle):
+        """Nothing came for a while: echo, as smbprotocol does; an echo unanswered since the last time ends it."""
+        for r in self.outstanding_requests.values():
+            if r.response is None and not isinstance(r.message, Sent) and \
+                    r.message["command"].get_value() == Commands.SMB2_ECHO and r.message["reserved"].get_value() == 1:
+                raise SMBConnectionClosed("Connection timed out. Server did not respond within timeout.") from idle
+        for sid in tuple(self.session_table):
+            self.send(SMB2Echo(), sid=sid).message["reserved"] = 1  # marks it as our keep-alive
+
+    def _arrived(self, b, encrypted):
+        """One reply, ``b`` from its header to the next one's: checked, its credits counted, handed to its Request."""
+        protocol, _, _, status, command, credits, flags, _, mid, _, session_id, _ = REPLY.unpack_from(b)
+        if protocol != PROTOCOL:
+            raise _Refused("a reply that is not SMB2")
+        request = self.outstanding_requests[mid]
+        ours = isinstance(request.message, Sent)
+        sent = _command(request)
+        if sent != Commands.SMB2_SESSION_SETUP:
+            session_id = request.session_id  # 3.2.5.1.2: the session of the request, not what the reply says
+        if not encrypted:
+            self._verify(b, session_id)
+        if credits == 0 and not self.supports_multi_credit:
+            credits = 1  # the window moves all the same
+        with self.sequence_lock:
+            self.sequence_window["high"] += credits
+        if ours:
+            response = Reply(status, mid, b[HEADER_SIZE:])
+        else:
+            response = SMB2HeaderResponse()
+            response.unpack(b)
+            if sent == Commands.SMB2_NEGOTIATE:
+                self.preauth_integrity_hash_value.append(b)
+            elif sent == Commands.SMB2_SESSION_SETUP and status == errors.MORE_PROCESSING_REQUIRED:
+                self.preauth_integrity_session_hash_value[mid].append(b)
+            elif sent == Commands.SMB2_SESSION_SETUP and status == errors.SUCCESS:
+                self.logon_reply = response  # for Client._connect_sync to verify once the session has keys
+        with request.response_event_lock:
+            if flags & ASYNC:
+                request.async_id = b[32:40]
+            request.response = response
+            request.response_event.set()
+            if not ours and request.message["reserved"].get_value() == 1:
+                self.outstanding_requests.pop(mid, None)  # a keep-alive echo
+
+    def _verify(self, b, session_id):
+        """Check reply ``b`` (a whole message of its frame, as it came) as the class docstring says."""
+        _, _, _, status, command, _, flags, _, mid, _, _, signature = REPLY.unpack_from(b)
+        if status == errors.PENDING and flags & ASYNC:
+            return
+        if mid == oplocks.UNSOLICITED:
+            if command != Commands.SMB2_OPLOCK_BREAK:
+                raise _Refused("an unsolicited message that is not an oplock break")
+            return
+        request = self.outstanding_requests.get(mid)
+        sent = None if request is None else _command(request)
+        if sent in (Commands.SMB2_NEGOTIATE, Commands.SMB2_SESSION_SETUP) and (
+                not flags & SIGNED or status == errors.PENDING or command == Commands.SMB2_SESSION_SETUP):
+            return  # before the session has keys; a logon's last reply is checked once it has (verify_logon)
+        session = self.session_table.get(session_id)
+        if session is None or session.signing_key is None:
+            raise _Refused(f"a reply for session {session_id}, which has no keys")
+        if session.encrypt_data:
+            raise _Refused("an unencrypted reply on an encrypted session")
+        expected = self._generate_signature(b, session.signing_key, mid, bool(flags & FROM_SERVER), command)
+        if not hmac.compare_digest(expected, signature):
+            raise _Refused("a reply whose signature does not match (altered on the way)")
+
+    def verify_logon(self, session):
+        """Verify the final SESSION_SETUP reply of a session that encrypts.
+
+        smbprotocol verifies it only on a session that signs; its signature is
+        what vouches for the unsigned negotiate and setup replies before it.
+        """
+        try:
+            super().verify_signature(self.logon_reply, session.session_id, force=True)
+        except SMBException:
+            raise _Refused("a logon reply whose signature does not match (altered on the way)") from None
+
+    def _recv_frame(self, timeout):
+        """Tcp.recv, refusing a frame larger than the server may send before reading it.
+
+        Once its length is in, a frame must come whole within CONNECT_TIMEOUT
+        (or keep coming: after that smbprotocol waits a second per piece).  A
+        length that claims more than the server sent would otherwise hold
+        every reply behind it for IO_TIMEOUT, and a TimeoutError would make
+        smbprotocol's worker carry on in the middle of a frame.
+        """
+        length, timeout = self.transport._recv(4, timeout)
+        if not length:
+            return b""
+        size = int.from_bytes(length, "big")
+        limit = self.frame_limit()
+        if size > limit:
+            raise _Refused(f"a {size}-byte reply, over the {limit}-byte limit")
+        try:
+            return self.transport._recv(size, CONNECT_TIMEOUT)[0]
+        except TimeoutError as e:
+            raise _Refused(f"a {size}-byte reply that did not come whole in {CONNECT_TIMEOUT} s ({e})") from None
+
+    def frame_limit(self):
+        """The largest reply frame the server may send: 2.1 allows 24 bits of length."""
+        sizes = (self.max_read_size, self.max_write_size, self.max_transact_size)
+        if None in sizes:
+            return MIN_IO_SIZE + FRAME_OVERHEAD  # negotiate and session setup replies are small
+        return min(Tcp.MAX_SIZE, max(sizes) + FRAME_OVERHEAD)
+
+
+def _command(request):
+    """The command a Request (or oplocks.Listener) went out with."""
+    return request.message.command if isinstance(request.message, Sent) else request.message["command"].get_value()
+
+
+def describe(e):
+    """What a failure inside smbprotocol says about the server's replies, in one line."""
+    if isinstance(e, InvalidTag):
+        return "a reply that fails decryption (altered on the way)"
+    if isinstance(e, OSError):
+        return e.strerror or str(e)
+    if isinstance(e, KeyError):
+        return f"a reply to a request never sent (message id {e})"
+    if isinstance(e, SMBException):
+        return str(e)
+    return f"a malformed reply ({type(e).__name__}: {e})"
+
+
