@@ -15,7 +15,11 @@ from smbprotocol.open import (
     SMB2SetInfoRequest,
     SMB2WriteRequest,
 )
-from smbprotocol.create_contexts import SMB2CreateContextRequest
+from smbprotocol.create_contexts import (
+    SMB2CreateContextRequest,
+    SMB2CreateDurableHandleReconnectV2,
+    SMB2CreateDurableHandleRequestV2,
+)
 
 from offloadfs.backends.smb import info, messages as m
 from offloadfs.backends.smb.connection import GuardedConnection
@@ -40,13 +44,24 @@ def reference_create(path, access, disposition, options, oplock, contexts):
     return s
 
 
+GUID = uuid.UUID("00112233-4455-6677-8899-aabbccddeeff")
+
+
+def reference_contexts(which):
+    """smbprotocol's create contexts: none, a durable request, a durable reconnect, or both."""
+    durable = structure(SMB2CreateDurableHandleRequestV2, create_guid=GUID)
+    reconnect = structure(SMB2CreateDurableHandleReconnectV2, file_id=FID, create_guid=GUID)
+    return {"none": [], "durable": [durable], "reconnect": [reconnect], "both": [reconnect, durable]}[which]
+
+
 @pytest.mark.parametrize("path", ["", "a", "dir\\file.txt", "x" * 300])
-@pytest.mark.parametrize("durable", [False, True])
-def test_create(path, durable):
-    contexts = [m.durable(uuid.UUID(int=7).bytes)] if durable else []
+@pytest.mark.parametrize("which", ["none", "durable", "reconnect", "both"])
+def test_create(path, which):
+    contexts = {"none": [], "durable": [m.durable(GUID)], "reconnect": [m.durable_reconnect(FID, GUID)],
+                "both": [m.durable_reconnect(FID, GUID), m.durable(GUID)]}[which]
     ours = m.create(path, m.READ | m.DELETE, m.OPEN_IF, m.NON_DIRECTORY_FILE, oplock=m.BATCH, contexts=contexts)
-    contexts = [m.durable(uuid.UUID(int=7).bytes)] if durable else []
-    ref = reference_create(path, m.READ | m.DELETE, m.OPEN_IF, m.NON_DIRECTORY_FILE, m.BATCH, contexts)
+    ref = reference_create(path, m.READ | m.DELETE, m.OPEN_IF, m.NON_DIRECTORY_FILE, m.BATCH,
+                           reference_contexts(which))
     assert ours.pack() == ref.pack()
     assert ours.COMMAND == ref.COMMAND and len(ours) == len(ref)
 

@@ -5,11 +5,6 @@ the CREATE before me opened", so open + query + close is one round trip.
 """
 import struct
 
-from smbprotocol.create_contexts import (
-    SMB2CreateContextRequest,
-    SMB2CreateDurableHandleReconnectV2,
-    SMB2CreateDurableHandleRequestV2,
-)
 from smbprotocol.file_info import InfoType
 from smbprotocol.header import Commands
 from smbprotocol.open import ImpersonationLevel
@@ -46,7 +41,8 @@ NON_DIRECTORY_FILE = 0x00000040
 # Oplock levels (2.2.13): a durable handle needs a batch oplock from Samba (or a lease, which we do not ask for).
 NO_OPLOCK = 0x00
 BATCH = 0x09
-DURABLE_V2 = SMB2CreateDurableHandleRequestV2.NAME  # its response context has the same name
+DURABLE_V2 = b"DH2Q"  # 2.2.13.2.11; its response context has the same name
+DURABLE_RECONNECT_V2 = b"DH2C"  # 2.2.13.2.12
 
 SHARE_ALL = 0x7  # read | write | delete: POSIX lets anyone open, rename and unlink anything
 RESTART_SCAN = 0x01  # QUERY_DIRECTORY and QUERY_INFO (EAs) flag
@@ -91,35 +87,47 @@ _SET_INFO = struct.Struct("<HBBIHHI16s")
 _QUERY_DIRECTORY = struct.Struct("<HBBI16sHHI")
 _IOCTL = struct.Struct("<HHI16sIIIIIIII")
 _OPLOCK_BREAK_ACK = struct.Struct("<HBBI16s")
+_CONTEXT = struct.Struct("<IHHHHI")
+_DURABLE = struct.Struct("<IIQ16s")  # timeout, flags, reserved, create GUID
+_DURABLE_RECONNECT = struct.Struct("<16s16sI")  # file id, create GUID, flags
 _HEADER = 64
 
 
 def create(path, access, disposition=OPEN, options=0, attributes=0, oplock=NO_OPLOCK, contexts=()):
+    """``contexts``: (name, data) of each create context (2.2.13.2)."""
     name = path.encode("utf-16-le", "surrogatepass") if path else b""
-    contexts = SMB2CreateContextRequest.pack_multiple(list(contexts)) if contexts else b""
+    contexts = _contexts(contexts)
     buffer = name or b"\0\0"  # the buffer is never empty, even for the share's root
     offset = 0
     if contexts:
-        buffer += b"\0" * (-len(buffer) % 8)
+        buffer += bytes(-len(buffer) % 8)
         offset = _HEADER + _CREATE.size + len(buffer)
     fixed = _CREATE.pack(57, 0, oplock, ImpersonationLevel.Impersonation, 0, 0, access, attributes, SHARE_ALL,
                          disposition, options, _HEADER + _CREATE.size, len(name), offset, len(contexts))
     return Request(Commands.SMB2_CREATE, fixed + buffer + contexts)
 
 
+def _contexts(contexts):
+    """One buffer of create contexts, each starting on 8 bytes: next, name offset and length, reserved, data
+    offset and length, then the name and the data, each padded to 8."""
+    bodies = []
+    for name, data in contexts:
+        body = name + bytes(-len(name) % 8 if data else 0) + data
+        bodies.append((_CONTEXT.size + len(name) + (-len(name) % 8) if data else 0, name, data,
+                       body + bytes(-len(body) % 8)))
+    return b"".join(_CONTEXT.pack(0 if i == len(bodies) - 1 else _CONTEXT.size + len(body), _CONTEXT.size,
+                                  len(name), 0, data_offset, len(data)) + body
+                    for i, (data_offset, name, data, body) in enumerate(bodies))
+
+
 def durable(create_guid):
-    """2.2.13.2.11: make the open durable; the server's default timeout, not persistent."""
-    c = SMB2CreateDurableHandleRequestV2()
-    c["create_guid"] = create_guid
-    return c
+    """Make the open durable: the server's default timeout, not persistent."""
+    return DURABLE_V2, _DURABLE.pack(0, 0, 0, create_guid.bytes)
 
 
 def durable_reconnect(file_id, create_guid):
-    """2.2.13.2.12: the durable open ``file_id`` of a lost connection, on this one."""
-    c = SMB2CreateDurableHandleReconnectV2()
-    c["file_id"] = file_id
-    c["create_guid"] = create_guid
-    return c
+    """The durable open ``file_id`` of a lost connection, on this one."""
+    return DURABLE_RECONNECT_V2, _DURABLE_RECONNECT.pack(file_id, create_guid.bytes, 0)
 
 
 def oplock_break_ack(file_id):
