@@ -60,6 +60,10 @@ class Source:
     name: str
     backend: object
     index: int
+    local: bool = field(init=False)  # a local fd the kernel could write itself; asked once (a Protocol check is slow)
+
+    def __post_init__(self):
+        self.local = isinstance(self.backend, Passthrough)
 
 
 @dataclass(slots=True)
@@ -664,7 +668,7 @@ class Filesystem(Operations):
     async def _write_out(self, h, offset, data):
         """A plain write: to a remote file it goes behind (writebehind.py); a local file's (one
         the kernel could write itself) costs less written at once."""
-        if isinstance(h.inode.source.backend, Passthrough):
+        if h.inode.source.local:
             await self._send(h, offset, data)
         else:
             await self.behind.write(h.inode, h, offset, data)

@@ -5,6 +5,9 @@ middle in front of Samba; a plaintext reply on an encrypted session cannot be
 made that way (the proxy never sees the message id the encrypted request
 carried), so these build the replies themselves.
 """
+import os
+import socket
+import threading
 import uuid
 from types import SimpleNamespace
 
@@ -125,10 +128,10 @@ def test_requests_go_out_as_smbprotocol_sends_them(signing):
         conn = smbconn.GuardedConnection(uuid.uuid4(), "127.0.0.1", 445)
         conn.dialect = Dialects.SMB_3_0_0
         wire = sending(conn, signing)
-        requests = conn._send(compound, SESSION, TREE, credit_request=64, related=True)
+        requests, data = conn.frame(compound, SESSION, TREE, 64, len(compound) > 1)
         conn.sequence_window = {"low": 10, "high": 200}
-        Connection._send(conn, expected, SESSION, TREE, credit_request=64, related=True)
-        assert wire[0] == wire[1]
+        Connection._send(conn, expected, SESSION, TREE, credit_request=64, related=len(compound) > 1)
+        assert data == wire[0]
         assert [r.message.message_id for r in requests] == list(range(10, 10 + len(compound)))
 
 
@@ -137,8 +140,8 @@ def test_a_request_beyond_the_credits_is_refused():
     wire = sending(conn)
     conn.sequence_window = {"low": 10, "high": 20}
     with pytest.raises(smbprotocol.exceptions.SMBException, match="requires 16 credits"):
-        conn._send([m.read(FID, 0, 1 << 20)], SESSION, TREE)
-    assert wire == []
+        conn.frame([m.read(FID, 0, 1 << 20)], SESSION, TREE, 1, False)
+    assert wire == [] and conn.outstanding_requests == {}
 
 
 def signed_reply(conn, message_id, data, status=errors.SUCCESS, command=Commands.SMB2_READ, credits=1):
@@ -171,10 +174,8 @@ def receiving(conn, frames):
 
 
 def sent_requests(conn, n):
-    wire = sending(conn)
-    requests = conn._send([m.read(FID, 0, 100) for _ in range(n)], SESSION, TREE)
-    assert len(wire) == 1
-    return requests
+    sending(conn)
+    return conn.frame([m.read(FID, 0, 100) for _ in range(n)], SESSION, TREE, 1, False)[0]
 
 
 def test_a_compound_reply_reaches_each_request_with_its_credits():
@@ -209,3 +210,35 @@ def test_a_bad_reply_ends_the_connection_and_reaches_no_request(forge):
     receiving(conn, [frame])
     assert conn._t_exc is not None
     assert request.response is None
+
+
+def test_a_send_the_socket_cannot_take_at_once_is_finished_whole_before_any_other():
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    ours = socket.create_connection(listener.getsockname())
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    server = listener.accept()[0]
+    with listener, ours, server:
+        transport = SimpleNamespace(_sock=ours, _sock_lock=threading.Lock(), MAX_SIZE=1 << 24)
+        sender = smbconn.LeanSend(transport)
+        big, small = os.urandom(1 << 20), b"next message"
+        rest = sender.try_now(big)
+        assert rest is not None and transport._sock_lock.locked()  # half sent, the rest still to go
+        later = sender.try_now(small)  # meanwhile: must wait for the rest, not cut into it
+        assert later is not None
+        received = bytearray()
+        reader = threading.Thread(target=lambda: received.extend(read_all(server, 4 + len(big) + 4 + len(small))))
+        reader.start()
+        rest()
+        later()
+        reader.join(10)
+        assert bytes(received) == len(big).to_bytes(4, "big") + big + len(small).to_bytes(4, "big") + small
+        assert sender.try_now(small) is None  # room again: sent at once
+        assert read_all(server, 4 + len(small))[4:] == small
+
+
+def read_all(sock, n):
+    data = bytearray()
+    while len(data) < n:
+        data += sock.recv(n - len(data))
+    return bytes(data)

@@ -1,9 +1,10 @@
 """One SMB connection and session driven from trio, shared by every share of one server and user.
 
-smbprotocol's Connection sends from the calling thread and receives in its
-own worker thread, which sets a threading.Event on each Request.  We send
-from trio worker threads (packing and signing cost milliseconds of CPU per
-MiB, and a send can wait for the socket) and swap each Request's event for an
+smbprotocol's Connection receives in its own worker thread, which sets a
+threading.Event on each Request.  Small requests are framed and signed in the
+trio thread and sent from it if the socket takes them at once; large ones
+(signing costs milliseconds of CPU per MiB) and sends that would wait for the
+socket go to trio worker threads.  Each Request's event is swapped for an
 ``_Arrival`` that also wakes the waiting trio task, so any number of requests
 are in flight without a thread each.  Credits are counted before each send
 (smbprotocol refuses a send it has no credits for instead of waiting), and
@@ -51,6 +52,7 @@ IO_TIMEOUT = 60  # any one request
 CREDITS = 4096  # what we ask the server for (Samba grants up to 8192)
 SPARE_CREDITS = 8  # never spent: smbprotocol's own requests (tree connect, keepalive echo) need some
 CREDIT_SIZE = 65536
+INLINE_SEND = 65536  # bytes of requests framed and signed in the trio thread (tens of microseconds); more in a worker
 RECONNECT_DELAY_MIN = 0.05  # seconds before the first retry once a connection failed without serving
 RECONNECT_DELAY_MAX = 5
 # A request finding the next try this near waits for it: a server that has just come back
@@ -208,7 +210,7 @@ class Client:
             if size < MIN_IO_SIZE:
                 raise ConnectionLost(f"negotiate with {self.where} failed: largest {what} of {size} bytes "
                                      f"offered, less than {MIN_IO_SIZE}")
-        conn.transport.send = LeanSend(conn.transport)
+        conn.sender = conn.transport.send = LeanSend(conn.transport)
         user = f"{t.domain}\\{t.username}" if t.domain else t.username
         session = Session(conn, user, t.password, require_encryption=t.seal, auth_protocol="ntlm")
         try:
@@ -323,22 +325,23 @@ class Client:
         timeout = IO_TIMEOUT
         deadline = trio.current_time() + timeout
         charge = sum(max(1, conn._calculate_credit_charge(m)) for m in messages)
-        with trio.CancelScope(deadline=deadline) as scope:
-            await self._reserve(conn, charge)
-        if scope.cancelled_caught:
-            self._timed_out(conn, timeout)
-        # A half-sent message would break the connection: the send is not
-        # interrupted, but the deadline still applies.
-        with trio.CancelScope(shield=True, deadline=deadline) as scope:
-            self._reserved += charge
+        if self._window(conn) - self._reserved - SPARE_CREDITS < charge:
+            with trio.CancelScope(deadline=deadline) as scope:
+                await self._reserve(conn, charge)
+            if scope.cancelled_caught:
+                self._timed_out(conn, timeout)
+        credit_request = self._credit_request(conn, charge)
+        if sum(len(m) for m in messages) <= INLINE_SEND:
+            arrivals, data = self._frame(conn, messages, tid, credit_request)
+            rest = self._sending(conn, conn.sender.try_now, data)
+            if rest is not None:
+                await self._in_thread(conn, deadline, self._sending, conn, rest)
+        else:
+            self._reserved += charge  # until the worker has taken its message ids
             try:
-                arrivals = await trio.to_thread.run_sync(
-                    self._send_sync, conn, messages, tid, self._credit_request(conn, charge),
-                    abandon_on_cancel=True)
+                arrivals = await self._in_thread(conn, deadline, self._send_sync, conn, messages, tid, credit_request)
             finally:
                 self._reserved -= charge
-        if scope.cancelled_caught:
-            self._timed_out(conn, timeout)
         self._in_flight += charge
         try:
             with trio.CancelScope(deadline=deadline) as scope:
@@ -361,31 +364,42 @@ class Client:
         self._delay = 0
         return results
 
+    async def _in_thread(self, conn, deadline, fn, *args):
+        """``fn(*args)`` in a worker thread: a send, which must not stop half way, but within the deadline."""
+        with trio.CancelScope(shield=True, deadline=deadline):
+            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+        self._timed_out(conn, IO_TIMEOUT)  # the deadline passed
+
     def _timed_out(self, conn, timeout):
         raise self._lost(conn, f"did not answer in {timeout} s")
 
-    def _send_sync(self, conn, messages, tid, credit_request):
-        try:
-            sid = next(iter(conn.session_table))
-            if len(messages) == 1:
-                requests = [conn.send(messages[0], sid=sid, tid=tid, credit_request=credit_request)]
-            else:
-                requests = conn.send_compound(messages, sid, tid, related=True)
-        except Exception as e:
-            # smbprotocol raises here whatever killed its receive worker, malformed replies included.
-            if not isinstance(e, (SMBException, OSError, StopIteration)) and e is not conn._t_exc:
-                raise
-            why = "no session" if isinstance(e, StopIteration) else describe(e)
-            raise ConnectionLost(f"connection to {self.where} lost: {self.scrub(why)}") from None
+    def _frame(self, conn, messages, tid, credit_request):
+        """(An _Arrival for each message, the bytes that send them): GuardedConnection.frame, errors as ConnectionLost."""
+        sid = next(iter(conn.session_table), None)
+        if sid is None:
+            raise ConnectionLost(f"connection to {self.where} lost: no session")
+        requests, data = self._sending(conn, conn.frame, messages, sid, tid, credit_request, len(messages) > 1)
         arrivals = []
         for request in requests:
-            with request.response_event_lock:
-                arrival = _Arrival(self.token, conn, request, self._credits_arrived)
-                if request.response_event.is_set():
-                    arrival.set()
-                request.response_event = arrival
-            arrivals.append(arrival)
+            arrivals.append(_Arrival(self.token, conn, request, self._credits_arrived))
+            request.response_event = arrivals[-1]
+        return arrivals, data
+
+    def _send_sync(self, conn, messages, tid, credit_request):
+        """Frame and send in a worker thread (a large write: signing it takes milliseconds); the arrivals."""
+        arrivals, data = self._frame(conn, messages, tid, credit_request)
+        self._sending(conn, conn.sender, data)
         return arrivals
+
+    def _sending(self, conn, step, *args):
+        """``step(*args)``, with smbprotocol's errors and the socket's as ConnectionLost."""
+        try:
+            return step(*args)
+        except Exception as e:
+            # smbprotocol raises here whatever killed its receive worker, malformed replies included.
+            if not isinstance(e, (SMBException, OSError)) and e is not conn._t_exc:
+                raise
+            raise ConnectionLost(f"connection to {self.where} lost: {self.scrub(describe(e))}") from None
 
     @staticmethod
     def _window(conn):

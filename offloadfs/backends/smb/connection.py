@@ -8,6 +8,7 @@ comes in, through struct and the bytes as received instead; smbprotocol's own
 requests (negotiate, logon, tree connect, echo, logoff) keep its structures,
 and so do their replies.
 """
+import functools
 import hmac
 import logging
 import socket
@@ -68,7 +69,9 @@ class LeanSend:
     """Replaces Tcp.send: the length prefix and the message go out in one sendmsg, with no copies.
 
     Tcp.send packs both into a new string and re-slices the rest after every
-    partial send, several copies of each 8 MiB write.
+    partial send, several copies of each 8 MiB write.  ``try_now`` sends from
+    the trio thread what the socket takes without waiting: a small request
+    then costs no hand-off to a worker thread and back.
     """
 
     def __init__(self, transport):
@@ -76,19 +79,54 @@ class LeanSend:
         transport._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # whole messages only
 
     def __call__(self, data):
-        t = self.transport
+        with self.transport._sock_lock:
+            self._push(self._buffers(data))
+
+    def try_now(self, data):
+        """Send ``data`` if the socket takes it at once: None, else what finishes the send, to run in a thread.
+
+        A message half sent holds the socket's lock until that finishes it:
+        nothing else may go out between its two halves.
+        """
+        lock = self.transport._sock_lock
+        if not lock.acquire(blocking=False):
+            return functools.partial(self, data)
+        try:
+            buffers = self._buffers(data)
+            try:
+                self._push(buffers, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                pass
+        except BaseException:
+            lock.release()
+            raise
+        if not buffers:
+            lock.release()
+            return None
+        return functools.partial(self._finish, buffers)
+
+    def _finish(self, buffers):
+        try:
+            self._push(buffers)
+        finally:
+            self.transport._sock_lock.release()
+
+    def _buffers(self, data):
         if not isinstance(data, bytes):
             data = data.pack()  # an encrypted message comes as its transform header structure
-        if len(data) > t.MAX_SIZE:
-            raise ValueError(f"SMB message of {len(data)} bytes exceeds {t.MAX_SIZE}")
-        buffers = [len(data).to_bytes(4, "big"), memoryview(data)]
-        with t._sock_lock:
-            while buffers:
-                sent = t._sock.sendmsg(buffers)
-                while buffers and sent >= len(buffers[0]):
-                    sent -= len(buffers.pop(0))
-                if sent:
-                    buffers[0] = buffers[0][sent:]
+        if len(data) > self.transport.MAX_SIZE:
+            raise ValueError(f"SMB message of {len(data)} bytes exceeds {self.transport.MAX_SIZE}")
+        return [len(data).to_bytes(4, "big"), memoryview(data)]
+
+    def _push(self, buffers, flags=0):
+        """Send ``buffers``, taking off each what went; with MSG_DONTWAIT, BlockingIOError once the socket is full."""
+        sock = self.transport._sock
+        while buffers:
+            sent = sock.sendmsg(buffers, (), flags)
+            while buffers and sent >= len(buffers[0]):
+                sent -= len(buffers.pop(0))
+            if sent:
+                buffers[0] = buffers[0][sent:]
 
 
 class _Refused(SMBException):
@@ -121,13 +159,15 @@ class GuardedConnection(Connection):
             return 0
         return (max(0, message.payload - 1) >> 16) + 1
 
-    # -- sending ------------------------------------------------------------------
+    # -- framing ------------------------------------------------------------------
 
-    def _send(self, msgs, session_id=None, tree_id=None, message_id=None, credit_request=None, related=False,
-              async_id=None, force_signature=False):
-        if message_id is not None or async_id is not None or not all(isinstance(x, messages.Request) for x in msgs):
-            return super()._send(msgs, session_id, tree_id, message_id, credit_request, related, async_id,
-                                 force_signature)
+    def frame(self, msgs, session_id, tree_id, credit_request, related):
+        """(Requests, the bytes to send) for requests messages.py packed: message ids taken, signed, sealed.
+
+        What smbprotocol's _send does up to the send itself, which is the
+        caller's (Client.call: at once from the trio thread when it can).
+        """
+        self._check_worker_running()
         session = self.session_table[session_id]
         tree = session.tree_connect_table.get(tree_id)
         if tree is None:
@@ -162,9 +202,7 @@ class GuardedConnection(Connection):
         data = b"".join(frames)
         if session.encrypt_data or tree.encrypt_data:
             data = self._encrypt(data, session)
-        self._check_worker_running()
-        self.transport.send(data)
-        return requests
+        return requests, data
 
     # -- receiving ----------------------------------------------------------------
 
