@@ -128,11 +128,11 @@ def test_requests_go_out_as_smbprotocol_sends_them(signing):
         conn = smbconn.GuardedConnection(uuid.uuid4(), "127.0.0.1", 445)
         conn.dialect = Dialects.SMB_3_0_0
         wire = sending(conn, signing)
-        requests, data = conn.frame(compound, SESSION, TREE, 64, len(compound) > 1)
+        requests, data = conn.frame(compound, SESSION, TREE, 64, len(compound) > 1, lambda r: threading.Event())
         conn.sequence_window = {"low": 10, "high": 200}
         Connection._send(conn, expected, SESSION, TREE, credit_request=64, related=len(compound) > 1)
         assert data == wire[0]
-        assert [r.message.message_id for r in requests] == list(range(10, 10 + len(compound)))
+        assert [r.message_id for r in requests] == list(range(10, 10 + len(compound)))
 
 
 def test_a_request_beyond_the_credits_is_refused():
@@ -140,7 +140,7 @@ def test_a_request_beyond_the_credits_is_refused():
     wire = sending(conn)
     conn.sequence_window = {"low": 10, "high": 20}
     with pytest.raises(smbprotocol.exceptions.SMBException, match="requires 16 credits"):
-        conn.frame([m.read(FID, 0, 1 << 20)], SESSION, TREE, 1, False)
+        conn.frame([m.read(FID, 0, 1 << 20)], SESSION, TREE, 1, False, lambda r: threading.Event())
     assert wire == [] and conn.outstanding_requests == {}
 
 
@@ -175,7 +175,7 @@ def receiving(conn, frames):
 
 def sent_requests(conn, n):
     sending(conn)
-    return conn.frame([m.read(FID, 0, 100) for _ in range(n)], SESSION, TREE, 1, False)[0]
+    return conn.frame([m.read(FID, 0, 100) for _ in range(n)], SESSION, TREE, 1, False, lambda r: threading.Event())[0]
 
 
 def test_a_compound_reply_reaches_each_request_with_its_credits():

@@ -62,18 +62,17 @@ LOG_INTERVAL = 10  # seconds between two log lines about one server's connection
 
 
 class _Arrival:
-    """Stands in for a Request's response event and wakes the trio task waiting for it.
+    """The response event of a connection.Sent: wakes the trio task waiting for its reply.
 
-    smbprotocol's worker thread calls set() under the request's lock for each
-    response (an interim STATUS_PENDING, then the final one), and without it
-    when the connection dies.  That is all it asks of the event, as we never
-    call Connection.receive(); a threading.Event would cost more than a read.
+    The receive worker calls set() under the request's lock for each reply
+    (an interim STATUS_PENDING, then the final one), and without it when the
+    connection dies.
 
-    The Request and its arrival refer to each other: once done with it, the
-    arrival lets go of the Request, or the cycle would keep the request's
-    buffers (a whole write's data) until the garbage collector ran, which it
-    seldom does under I/O and never while the daemon is idle (measured: 80 MB
-    held after 4 x 16 MiB written and read).
+    The request and its arrival refer to each other: once done with it, the
+    arrival lets go of the request, or the cycle would keep its reply (a whole
+    read's data) until the garbage collector ran, which it seldom does under
+    I/O and never while the daemon is idle (measured: 80 MB held after
+    4 x 16 MiB written and read).
     """
     __slots__ = ("_token", "_conn", "_request", "_on_arrival", "_event", "_abandoned")
 
@@ -103,7 +102,7 @@ class _Arrival:
         return r is not None and r.status != errors.PENDING
 
     def _forget(self):
-        self._conn.outstanding_requests.pop(self._request.message.message_id, None)
+        self._conn.outstanding_requests.pop(self._request.message_id, None)
         self._request = None
 
     async def wait(self):
@@ -378,12 +377,9 @@ class Client:
         sid = next(iter(conn.session_table), None)
         if sid is None:
             raise ConnectionLost(f"connection to {self.where} lost: no session")
-        requests, data = self._sending(conn, conn.frame, messages, sid, tid, credit_request, len(messages) > 1)
-        arrivals = []
-        for request in requests:
-            arrivals.append(_Arrival(self.token, conn, request, self._credits_arrived))
-            request.response_event = arrivals[-1]
-        return arrivals, data
+        requests, data = self._sending(conn, conn.frame, messages, sid, tid, credit_request, len(messages) > 1,
+                                       lambda request: _Arrival(self.token, conn, request, self._credits_arrived))
+        return [r.response_event for r in requests], data
 
     def _send_sync(self, conn, messages, tid, credit_request):
         """Frame and send in a worker thread (a large write: signing it takes milliseconds); the arrivals."""

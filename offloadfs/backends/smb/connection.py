@@ -13,9 +13,10 @@ import hmac
 import logging
 import socket
 import struct
+import threading
 
 from cryptography.exceptions import InvalidTag
-from smbprotocol.connection import Commands, Connection, Request, SMB2Echo, SMB2TransformHeader
+from smbprotocol.connection import Commands, Connection, SMB2Echo, SMB2TransformHeader
 from smbprotocol.exceptions import SMBConnectionClosed, SMBException
 from smbprotocol.header import SMB2HeaderResponse, Smb2Flags
 from smbprotocol.transport import Tcp
@@ -47,12 +48,20 @@ NO_SIGNATURE = bytes(16)
 
 
 class Sent:
-    """A request's header as its Request keeps it (``message``): the command and message id it went with."""
-    __slots__ = ("command", "message_id")
+    """A request messages.py packed, in the table of requests awaiting replies: what smbprotocol's Request
+    holds that the receive worker and Client use, without the header structure, thread Event and clock
+    reading that each Request costs."""
+    __slots__ = ("command", "message_id", "session_id", "response", "response_event", "response_event_lock",
+                 "async_id")
 
-    def __init__(self, command, message_id):
+    def __init__(self, command, message_id, session_id):
         self.command = command
         self.message_id = message_id
+        self.session_id = session_id
+        self.response = None
+        self.response_event = None
+        self.response_event_lock = threading.Lock()
+        self.async_id = None
 
 
 class Reply:
@@ -161,8 +170,11 @@ class GuardedConnection(Connection):
 
     # -- framing ------------------------------------------------------------------
 
-    def frame(self, msgs, session_id, tree_id, credit_request, related):
+    def frame(self, msgs, session_id, tree_id, credit_request, related, event_for):
         """(Requests, the bytes to send) for requests messages.py packed: message ids taken, signed, sealed.
+
+        ``event_for(request)``: what the receive worker sets when the reply comes or the connection dies; in
+        place before the request is in the table, where the worker may find it at once.
 
         What smbprotocol's _send does up to the send itself, which is the
         caller's (Client.call: at once from the trio thread when it can).
@@ -196,7 +208,8 @@ class GuardedConnection(Connection):
                 signature = self._generate_signature(frame, session.signing_key, mid, False, message.COMMAND)
                 frame = b"".join((header[:48], signature, frame[HEADER_SIZE:]))
             frames.append(frame)
-            request = Request(Sent(message.COMMAND, mid), messages.Request, self, session_id=session_id)
+            request = Sent(message.COMMAND, mid, session_id)
+            request.response_event = event_for(request)
             self.outstanding_requests[mid] = request
             requests.append(request)
         data = b"".join(frames)
@@ -244,7 +257,7 @@ class GuardedConnection(Connection):
     def _keep_alive(self, idle):
         """Nothing came for a while: echo, as smbprotocol does; an echo unanswered since the last time ends it."""
         for r in self.outstanding_requests.values():
-            if r.response is None and not isinstance(r.message, Sent) and \
+            if r.response is None and not isinstance(r, Sent) and \
                     r.message["command"].get_value() == Commands.SMB2_ECHO and r.message["reserved"].get_value() == 1:
                 raise SMBConnectionClosed("Connection timed out. Server did not respond within timeout.") from idle
         for sid in tuple(self.session_table):
@@ -256,7 +269,7 @@ class GuardedConnection(Connection):
         if protocol != PROTOCOL:
             raise _Refused("a reply that is not SMB2")
         request = self.outstanding_requests[mid]
-        ours = isinstance(request.message, Sent)
+        ours = isinstance(request, Sent)
         sent = _command(request)
         if sent != Commands.SMB2_SESSION_SETUP:
             session_id = request.session_id  # 3.2.5.1.2: the session of the request, not what the reply says
@@ -350,7 +363,7 @@ class GuardedConnection(Connection):
 
 def _command(request):
     """The command a Request (or oplocks.Listener) went out with."""
-    return request.message.command if isinstance(request.message, Sent) else request.message["command"].get_value()
+    return request.command if isinstance(request, Sent) else request.message["command"].get_value()
 
 
 def describe(e):
