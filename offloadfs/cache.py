@@ -51,10 +51,11 @@ def problem(st, fmt=None):
 
 
 def check(where, st, fmt=None):
-    """``st`` as it came from ``where``; an impossible one fails the request, with one log line."""
+    """``st`` as it came from ``where()`` (asked only for the log line: it walks the path); an impossible
+    one fails the request, with one log line."""
     what = problem(st, fmt)
     if what is not None:
-        log.error("%s: impossible attributes refused (%s)", where, what)
+        log.error("%s: impossible attributes refused (%s)", where(), what)
         raise OSError(errno.EIO, f"impossible attributes from the server ({what})")
     return st
 

@@ -141,7 +141,7 @@ class Filesystem(Operations):
         """Open every source's root; runs before the mount so that bad sources fail the mount."""
         for src in self.sources:
             node, st = await src.backend.root()
-            check(src.backend.url, st)
+            check(lambda: src.backend.url, st)
             if not stat.S_ISDIR(st.mode):
                 raise NotADirectoryError(errno.ENOTDIR, f"{src.backend.url}: not a directory")
             if self.multi:
@@ -225,7 +225,7 @@ class Filesystem(Operations):
         return f"{inode.source.backend.url} ({path or '/'})"
 
     def _cache(self, inode, st, since=None):
-        return self.cache.store(self._where(inode), inode, st, since)
+        return self.cache.store(lambda: self._where(inode), inode, st, since)
 
     def _stale(self, inode):
         self.cache.drop(inode)
@@ -237,7 +237,7 @@ class Filesystem(Operations):
         """Hand one lookup reference to the kernel, reusing the nodeid of a known file."""
         source = parent.source
         try:
-            key = (source.index, source.backend.identity(node, check(self._where(parent, name), st)))
+            key = (source.index, source.backend.identity(node, check(lambda: self._where(parent, name), st)))
         except BaseException:
             source.backend.forget(node)
             raise
@@ -388,7 +388,7 @@ class Filesystem(Operations):
         if st is None:
             await self.behind.settle(inode)  # else the server's answer may lack a write as it lands
             landed = self.behind.landed(inode)
-            st = check(self._where(inode), await inode.source.backend.getattr(inode.node, file), inode.fmt)
+            st = check(lambda: self._where(inode), await inode.source.backend.getattr(inode.node, file), inode.fmt)
             if self.behind.landed(inode) == landed:
                 return self._cache(inode, st)
             # A write began and landed meanwhile (another thread of the writer): not kept, and as big.
@@ -561,7 +561,7 @@ class Filesystem(Operations):
                 keep = False
             else:
                 before, st = inode.stat, backend.opened(file) or await backend.getattr(inode.node, file)
-                keep = self.cache.reopened(self._where(inode), inode, st)
+                keep = self.cache.reopened(lambda: self._where(inode), inode, st)
                 if keep and st != before and self.kernel is not None:
                     # The data is as the kernel saw it, but not the rest (a link made elsewhere: Samba
                     # keeps the ctime): its pages stay, its attributes go.

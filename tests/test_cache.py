@@ -168,7 +168,7 @@ class _File:
 def test_a_listing_does_not_hand_out_attributes_older_than_ours():
     attrs, f = AttrCache(1.0), _File()
     listed_at = time.monotonic()
-    attrs.store("test", f, GOOD)
+    attrs.store(lambda: "test", f, GOOD)
     assert not AttrCache.newer_than(f, GOOD, listed_at)  # the same attributes, learnt again
     assert AttrCache.newer_than(f, dataclasses.replace(GOOD, size=9), listed_at)
     AttrCache.drop(f)  # we wrote to it
