@@ -51,8 +51,7 @@ class Sent:
     """A request messages.py packed, in the table of requests awaiting replies: what smbprotocol's Request
     holds that the receive worker and Client use, without the header structure, thread Event and clock
     reading that each Request costs."""
-    __slots__ = ("command", "message_id", "session_id", "response", "response_event", "response_event_lock",
-                 "async_id")
+    __slots__ = ("command", "message_id", "session_id", "response", "response_event", "response_event_lock")
 
     def __init__(self, command, message_id, session_id):
         self.command = command
@@ -61,7 +60,6 @@ class Sent:
         self.response = None
         self.response_event = None
         self.response_event_lock = threading.Lock()
-        self.async_id = None
 
 
 class Reply:
@@ -291,8 +289,8 @@ class GuardedConnection(Connection):
             elif sent == Commands.SMB2_SESSION_SETUP and status == errors.SUCCESS:
                 self.logon_reply = response  # for Client._connect_sync to verify once the session has keys
         with request.response_event_lock:
-            if flags & ASYNC:
-                request.async_id = b[32:40]
+            if flags & ASYNC and not ours:
+                request.async_id = b[32:40]  # smbprotocol's receive() waits on it; we never cancel ours
             request.response = response
             request.response_event.set()
             if not ours and request.message["reserved"].get_value() == 1:
