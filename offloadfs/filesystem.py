@@ -207,7 +207,8 @@ class Filesystem(Operations):
     def _attr(self, inode, st):
         """What the kernel sees: our inode numbers, and the uid=/gid=/umask= options applied."""
         o = self.options
-        changes = {"ino": self._ino_of(inode)}
+        ino = self._ino_of(inode)
+        changes = {} if ino == st.ino else {"ino": ino}
         written = max(inode.pending.end() if inode.pending is not None else 0, self.behind.end(inode))
         if written > st.size:
             changes["size"] = written  # what the application wrote, held or on its way
@@ -217,7 +218,7 @@ class Filesystem(Operations):
             changes["gid"] = o.gid
         if o.umask is not None:
             changes["mode"] = st.mode & ~o.umask
-        return dataclasses.replace(st, **changes)
+        return dataclasses.replace(st, **changes) if changes else st
 
     def _where(self, inode, name=None):
         """Source and path of a file, for a log line."""
@@ -340,6 +341,10 @@ class Filesystem(Operations):
         listing = await self._valid_listing(inode, RELIST_FOR_LOOKUP)
         if listing is None:
             return await self._lookup(inode, name)
+        return await self._lookup_listed(inode, name, listing)
+
+    async def _lookup_listed(self, inode, name, listing):
+        """The entry of ``name`` in the directory ``inode`` that ``listing`` (valid) answers for."""
         if name not in listing.items:  # the kernel keeps the answer too, for what is left of the listing's time
             return Entry(0, None, min(self.options.entry_timeout, self.dircache.ttl(inode)), 0.0)
         listed = self._listed(inode, name, listing)
@@ -795,14 +800,17 @@ class Filesystem(Operations):
 
     async def readdirplus(self, ctx, nodeid, fh, offset, fits):
         """Each entry with its lookup, from the listing where it carried the attributes."""
+        entries = await self.readdir(ctx, nodeid, fh, offset, plus=True)
+        inode = self._inode(nodeid)
+        listing = None if inode.source is None else self.dircache.fresh(inode, stats=True)
         out = []
-        for d in await self.readdir(ctx, nodeid, fh, offset, plus=True):
+        for d in entries:
             if not fits(d.name):
                 break
             entry = None
             if d.name not in (b".", b".."):
                 try:
-                    entry = await self.lookup(ctx, nodeid, d.name)
+                    entry = await self._plus_entry(ctx, inode, d.name, listing)
                 except FileNotFoundError:
                     pass  # vanished since listed: a zero entry tells the kernel nothing
                 if entry is not None and entry.nodeid == 0:
@@ -811,6 +819,16 @@ class Filesystem(Operations):
                     d.ino = entry.attr.ino
             out.append((d, entry))
         return out
+
+    async def _plus_entry(self, ctx, dir, name, listing):
+        """The lookup of ``name`` in ``dir`` for a readdirplus reply: from ``listing`` (fresh, taken
+        once for the whole reply) unless it is gone or the file has writes in flight, which a
+        lookup waits for.  Asking the cache again for every entry cost more than the entry itself."""
+        known = self.dentries.get((dir.nodeid, name))
+        if listing is None or (known is not None and self.behind.end(known)):
+            return await self.lookup(ctx, dir.nodeid, name)
+        check_name(name)
+        return await self._lookup_listed(dir, name, listing)
 
     async def _listing(self, inode, plus):
         dots = [(b".", self._ino_of(inode), 4), (b"..", ROOT, 4)]  # d_ino 0 would hide ".."
