@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from offloadfs.backends import SourceError
 from offloadfs.backends.base import NotSupported
@@ -232,6 +233,17 @@ async def test_unlink_rmdir_and_open_files(connect):
         assert list(path.iterdir()) == []
 
 
+async def test_a_directory_of_one_page_is_listed_in_one_round_trip(connect):
+    async with connect() as (b, d, path):
+        for i in range(100):
+            (path / f"f{i}").touch()
+        trips, closes = b.round_trips, b.requests["CLOSE"]
+        items = await b.listdir(d)
+        assert len(items) == 100 and b.round_trips - trips == 1
+        await trio.testing.wait_all_tasks_blocked()
+        assert (b.round_trips - trips, b.requests["CLOSE"] - closes) == (2, 1)  # and its handle closed
+
+
 async def test_readdir_pages_through_2000_files(connect):
     async with connect() as (b, d, path):
         names = {f"file-{i:05d}-{'x' * 40}" for i in range(2000)}
@@ -248,6 +260,7 @@ async def test_readdir_pages_through_2000_files(connect):
 
         b.client.call = counting
         items = await b.listdir(d)
+        await trio.testing.wait_all_tasks_blocked()  # the handle's close, after the listing
         assert calls > 4  # 64 KiB pages: several QUERY_DIRECTORY round trips
         assert {i.name.decode() for i in items} == names | {"dir"}
         assert {i.type for i in items if i.name == b"dir"} == {4}

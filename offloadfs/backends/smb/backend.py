@@ -625,33 +625,47 @@ class SMBBackend(Capabilities, Backend):
             pass
 
     async def listdir(self, node):
+        """The open and the first two pages in one compound: a directory of one page (up to some
+        500 entries) is listed in one round trip, its second page the STATUS_NO_MORE_FILES that
+        ends it.  Its handle is closed after the listing is answered."""
         path = _path(node)
-        create, first = await self._send([
+        create, *pages = await self._send([
             m.create(path, m.READ_DATA | m.READ_ATTRIBUTES | m.SYNCHRONIZE, m.OPEN, m.DIRECTORY_FILE),
-            m.query_directory(m.RELATED, info.FILE_ID_BOTH_DIRECTORY, m.RESTART_SCAN, LIST_BUFFER)])
+            m.query_directory(m.RELATED, info.FILE_ID_BOTH_DIRECTORY, m.RESTART_SCAN, LIST_BUFFER),
+            m.query_directory(m.RELATED, info.FILE_ID_BOTH_DIRECTORY, 0, LIST_BUFFER)])
         generation = self.client.generation
         expiry = trio.current_time() + LISTED_FOR
         if create[0] != errors.SUCCESS:
             raise status_error(create[0], what=path)
         fid = wire.CreateResponse.unpack(create[1]).file_id
         items = []
-        pages = _Pages(f"{self.client.where}: listing of {path or 'the share'}")
+        seen = _Pages(f"{self.client.where}: listing of {path or 'the share'}")
         try:
-            status, body = first
-            while status != errors.NO_MORE_FILES:
+            while True:
+                status, body = pages.pop(0)
+                if status == errors.NO_MORE_FILES:
+                    break
                 if status != errors.SUCCESS:
                     raise status_error(status, what=path)
-                for name, a in pages.entries(wire.QueryResponse.buffer(body)):
+                for name, a in seen.entries(wire.QueryResponse.buffer(body)):
                     if name not in (".", ".."):
                         items.append(DirItem(name.encode("utf-8", "surrogatepass"), a.file_id, 4 if a.is_dir else 8,
                                              self._stat(a)))
                         self._listed[f"{path}\\{name}" if path else name] = (a, expiry)
-                [(status, body)] = await self._send(
-                    [m.query_directory(fid, info.FILE_ID_BOTH_DIRECTORY, 0, LIST_BUFFER)], generation)
+                if not pages:
+                    pages = await self._send(
+                        [m.query_directory(fid, info.FILE_ID_BOTH_DIRECTORY, 0, LIST_BUFFER)], generation)
         finally:
-            with trio.CancelScope(shield=True):
-                await self._send([m.close(fid)], generation)
+            trio.lowlevel.spawn_system_task(self._close_listing, fid, generation)
         return items
+
+    async def _close_listing(self, fid, generation):
+        """Close a listing's handle.  Nothing waits for it, so nothing may escape: a connection lost
+        meanwhile (or the mount ended) took the handle with it."""
+        try:
+            await self._send([m.close(fid)], generation)
+        except Exception as e:
+            log.debug("closing a listing's handle: %s", e)
 
     async def statfs(self, node):
         path = _path(node)
