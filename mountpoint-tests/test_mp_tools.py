@@ -277,6 +277,10 @@ def test_xattrs(mnt):
     assert "user.colour" not in os.listxattr(mnt.backing / "f")
     proc = subprocess.run(["getfattr", "-n", "user.colour", str(f)], capture_output=True)
     assert proc.returncode != 0
+    for name in ("security.selinux", "system.posix_acl_access"):  # what `ls -l` asks of every file
+        with pytest.raises(OSError) as e:
+            os.getxattr(f, name)
+        assert e.value.errno == errno.ENODATA
 
 
 def test_statfs_matches_backing(mnt):

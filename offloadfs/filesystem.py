@@ -891,6 +891,10 @@ class Filesystem(Operations):
         if (st.mode >> shift) & mask != mask:
             raise OSError(errno.EACCES, "permission denied")
 
+    def no_such_xattr(self, nodeid, name):
+        inode = self.inodes.get(nodeid)
+        return inode is not None and inode.source is not None and not inode.source.backend.holds_xattr(name)
+
     async def getxattr(self, ctx, nodeid, name):
         if nodeid == ROOT and name == STATUS_XATTR:
             return json.dumps(self.stats.snapshot(src.backend for src in self.sources)).encode()

@@ -232,6 +232,31 @@ async def test_getxattr_size_probe_and_erange():
         nursery.cancel_scope.cancel()
 
 
+class UserXattrsOnly(Slow):
+    def __init__(self):
+        super().__init__()
+        self.asked = []
+
+    def no_such_xattr(self, nodeid, name):
+        return not name.startswith(b"user.")
+
+    async def getxattr(self, ctx, nodeid, name):
+        self.asked.append(name)
+        return b"value"
+
+
+async def test_getxattr_of_a_name_the_node_cannot_hold_is_answered_at_once():
+    async with trio.open_nursery() as nursery:
+        ops = UserXattrsOnly()
+        dev, _, _ = await serving(nursery, ops)
+        dev.send(abi.GETXATTR, abi.getxattr_in.pack(255, 0) + b"security.selinux\0")
+        _, err, _ = await dev.reply()
+        dev.send(abi.GETXATTR, abi.getxattr_in.pack(255, 0) + b"user.x\0")
+        _, err2, body = await dev.reply()
+        assert (err, err2, body, ops.asked) == (errno.ENODATA, 0, b"value", [b"user.x"])
+        nursery.cancel_scope.cancel()
+
+
 def test_struct_layouts_match_fuse_h():
     assert abi.in_header.size == 40
     assert abi.entry_out.size == 128

@@ -168,6 +168,10 @@ class Backend:
     async def release(self, file) -> None: raise NotImplementedError
     async def listdir(self, node) -> list[DirItem]: raise NotImplementedError
     async def statfs(self, node) -> FsStat: raise NotImplementedError
+    def holds_xattr(self, name) -> bool:
+        """Whether an extended attribute of this name can exist here at all."""
+        return True
+
     async def getxattr(self, node, name) -> bytes: raise NotImplementedError
     async def setxattr(self, node, name, value, flags) -> None: raise NotImplementedError
     async def listxattr(self, node) -> list[bytes]: raise NotImplementedError

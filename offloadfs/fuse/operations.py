@@ -89,6 +89,11 @@ class Operations:
     def forget(self, nodeid: int, nlookup: int) -> None:
         """The kernel dropped ``nlookup`` references to ``nodeid``."""
 
+    def no_such_xattr(self, nodeid: int, name: bytes) -> bool:
+        """True if ``nodeid`` cannot hold the attribute ``name``: GETXATTR is then answered ENODATA at
+        once, without a task (`ls -l` asks for two attributes of every file it lists)."""
+        return False
+
     def begin(self, ctx: Ctx) -> None:
         """A request for ``ctx`` starts in the current trio task (each request has its own): state
         that lasts for the request, such as whom it acts for, can be set here in context variables."""

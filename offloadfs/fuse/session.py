@@ -145,6 +145,9 @@ class Session:
         if opcode == abi.DESTROY:
             self.reply(unique)
             return False
+        if opcode == abi.GETXATTR and self.ops.no_such_xattr(nodeid, _name(body, abi.getxattr_in.size)[0]):
+            self.reply_error(unique, errno.ENODATA)
+            return True
         handler = self._handlers.get(opcode)
         if handler is None:
             self.reply_error(unique, errno.ENOSYS)

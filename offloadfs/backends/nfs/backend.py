@@ -543,6 +543,9 @@ class NFSBackend(Backend):
                 raise OSError(errno.EOPNOTSUPP, "the server keeps no extended attributes") from None
             raise
 
+    def holds_xattr(self, name):
+        return name.startswith(b"user.") and len(name) > 5
+
     async def getxattr(self, node, name):
         key = self._xattr_name(name)
         if key is None:

@@ -698,6 +698,9 @@ class SMBBackend(Capabilities, Backend):
         await self._call([m.create(path, m.WRITE_EA | m.READ_ATTRIBUTES), m.set_info(info.FILE_FULL_EA, ea),
                           m.close()], path)
 
+    def holds_xattr(self, name):
+        return _ea_name(name) is not None
+
     async def getxattr(self, node, name):
         ea = _ea_name(name)
         value = (await self._eas(node, ea)).get(ea) if ea else None
