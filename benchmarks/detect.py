@@ -20,7 +20,6 @@ import os
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
 from cpbench import GiB, label
 from offloadfs.lab.demo import write_file

@@ -15,7 +15,6 @@ under TCG, slow to move bytes.
 
 import os
 import shutil
-import subprocess
 import threading
 
 import pytest
