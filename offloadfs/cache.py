@@ -26,6 +26,7 @@ U32, U64 = 1 << 32, 1 << 64
 LLONG_MAX = (1 << 63) - 1
 NS = 1_000_000_000
 RACY_NS = NS  # see DirCache: more than any server's timestamp step, and some clock skew
+BARE_SHARE = 8  # READDIRPLUS lists again once over 1/8 of a listing's items came without attributes
 FILE_TYPES = frozenset({stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK, stat.S_IFCHR, stat.S_IFBLK,
                         stat.S_IFIFO, stat.S_IFSOCK})
 
@@ -133,6 +134,7 @@ class Listing:
     stats: bool  # its items carry attributes (SMB, NFS)
     fetched: float  # monotonic: the items' own attributes are as old as this
     expiry: float  # monotonic: until then, the listing answers without asking the server
+    bare: int = 0  # items we added since, without attributes
 
 
 class DirCache:
@@ -154,10 +156,13 @@ class DirCache:
 
     def fresh(self, inode, stats=False):
         """The listing while it may answer without asking, or None.  With ``stats`` (READDIRPLUS),
-        a listing that carries attributes only while they are fresh: past that, listing again
-        costs less than a lookup per entry."""
+        a listing that carries attributes only while they are fresh and but a few of its items
+        lack them (files made here since): past that, listing again costs less than a lookup per
+        entry (a round trip each, against one for up to some 500 entries)."""
         listing = inode.listing
         if listing is None:
+            return None
+        if stats and listing.stats and listing.bare * BARE_SHARE > len(listing.items):
             return None
         until = listing.fetched + self.timeout if stats and listing.stats else listing.expiry
         return listing if time.monotonic() < until else None
@@ -198,9 +203,12 @@ class DirCache:
     def added(inode, item):
         """We made ``item`` in the directory."""
         inode.dir_changes += 1
-        if inode.listing is not None:
-            inode.listing.items[item.name] = item
-            inode.listing.version = None
+        listing = inode.listing
+        if listing is not None:
+            old = listing.items.get(item.name)
+            listing.bare += (item.stat is None) - (old is not None and old.stat is None)
+            listing.items[item.name] = item
+            listing.version = None
 
     @staticmethod
     def removed(inode, name):
@@ -208,8 +216,11 @@ class DirCache:
         inode.dir_changes += 1
         if inode.listing is None:
             return None
-        inode.listing.version = None
-        return inode.listing.items.pop(name, None)
+        listing = inode.listing
+        listing.version = None
+        item = listing.items.pop(name, None)
+        listing.bare -= item is not None and item.stat is None
+        return item
 
     @staticmethod
     def drop(inode):

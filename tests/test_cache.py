@@ -161,6 +161,18 @@ def test_readdirplus_wants_a_listing_whose_attributes_are_fresh():
     assert cache.fresh(d, stats=True) is None  # a lookup per entry would cost more than a listing
 
 
+def test_readdirplus_lists_again_once_many_entries_were_made_here():
+    """Files made through us enter the listing without attributes: READDIRPLUS would look each up
+    (`rm -rf` right after `cp -r`: a round trip a file) where one listing answers them all."""
+    cache, d = DirCache(1.0), _Dir()
+    listing = cache.store(d, OLD_DIR, [DirItem(b"f%d" % i, 10 + i, 8, stat=GOOD) for i in range(10)])
+    cache.added(d, DirItem(b"new0", 30, 8))
+    assert cache.fresh(d, stats=True) is listing  # one lookup costs less than a listing
+    cache.added(d, DirItem(b"new1", 31, 8))
+    assert cache.fresh(d) is listing  # names: still good for lookups and readdir
+    assert cache.fresh(d, stats=True) is None
+
+
 class _File:
     stat, stat_expiry, stat_since, passthrough, fmt = None, 0.0, 0.0, 0, stat.S_IFREG
 
