@@ -32,12 +32,15 @@ from offloadfs.lab.mount import offloadfs_mount
 
 PLACES = ("nfs-ganesha", "nfsd")
 
+NO_POSIX_ACL = "NFSv4 has no POSIX ACLs or security labels as extended attributes"
+
 # What a mount of a ganesha export cannot do, as the reason a test that needs it is skipped.
 CANNOT = {
     "nfs-ganesha": {
         "xattr": "nfs-ganesha 4.3 (FSAL VFS) has no NFSv4.2 user extended attributes (GETXATTR: NOTSUPP)",
+        "posix_acl": NO_POSIX_ACL,
     },
-    "nfsd": {},
+    "nfsd": {"posix_acl": NO_POSIX_ACL},
 }
 
 # NFSv4 times carry nanoseconds, and both servers store them on xfs.

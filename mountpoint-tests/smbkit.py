@@ -27,6 +27,7 @@ CANNOT = {
     "mknod": "SMB without unix extensions has no device nodes or fifos",
     "chmod": "SMB keeps only the read-only bit of a mode (file_mode=/dir_mode= set the rest)",
     "chown": "SMB without unix extensions has no owners (chown is accepted and ignored)",
+    "posix_acl": "SMB has no POSIX ACLs or security labels",
 }
 
 # SMB timestamps count 100 ns steps.

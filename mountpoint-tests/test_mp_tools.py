@@ -277,10 +277,34 @@ def test_xattrs(mnt):
     assert "user.colour" not in os.listxattr(mnt.backing / "f")
     proc = subprocess.run(["getfattr", "-n", "user.colour", str(f)], capture_output=True)
     assert proc.returncode != 0
-    for name in ("security.selinux", "system.posix_acl_access"):  # what `ls -l` asks of every file
-        with pytest.raises(OSError) as e:
-            os.getxattr(f, name)
-        assert e.value.errno == errno.ENODATA
+
+
+LS_ASKS = ("security.selinux", "system.posix_acl_access")  # what `ls -l` asks of every file it lists
+
+
+def test_attributes_the_mount_cannot_hold_are_unsupported(mnt, tmp_path):
+    """Where the mount cannot hold a label or a POSIX ACL (SMB, NFS), asking for one says so
+    (EOPNOTSUPP, as the kernel's CIFS and NFS clients answer), and `ls -l` stops asking after the
+    first file instead of sending a request a file for nothing; a local mount answers as its
+    backing directory does."""
+    for i in range(20):
+        (mnt.path / f"f{i:02}").write_bytes(b"")
+    for name in LS_ASKS:
+        with pytest.raises(OSError) as here:
+            os.getxattr(mnt.path / "f00", name)
+        if mnt.can("posix_acl"):
+            with pytest.raises(OSError) as there:
+                os.getxattr(mnt.backing / "f00", name)
+            assert here.value.errno == there.value.errno
+        else:
+            assert here.value.errno == errno.EOPNOTSUPP
+    trace = tmp_path / "trace"
+    sh("strace", "-s", "4096", "-o", trace, "-e", "trace=getxattr,lgetxattr", "ls", "-l", mnt.path)
+    asked = [line for line in trace.read_text().splitlines() if f'"{mnt.path}' in line]
+    if mnt.can("posix_acl"):
+        assert len(asked) > len(LS_ASKS) * 20  # each file, and the directory
+    else:
+        assert len(asked) == len(LS_ASKS)  # the directory: then it gives up
 
 
 def test_statfs_matches_backing(mnt):

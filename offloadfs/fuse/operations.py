@@ -90,8 +90,10 @@ class Operations:
         """The kernel dropped ``nlookup`` references to ``nodeid``."""
 
     def no_such_xattr(self, nodeid: int, name: bytes) -> bool:
-        """True if ``nodeid`` cannot hold the attribute ``name``: GETXATTR is then answered ENODATA at
-        once, without a task (`ls -l` asks for two attributes of every file it lists)."""
+        """True if ``nodeid`` cannot hold the attribute ``name``: GETXATTR is then answered EOPNOTSUPP
+        at once, without a task.  `ls -l` asks for two attributes of every file it lists, and stops
+        asking on a filesystem that answers EOPNOTSUPP once (as the kernel's CIFS and NFS clients do
+        for labels and POSIX ACLs)."""
         return False
 
     def begin(self, ctx: Ctx) -> None:

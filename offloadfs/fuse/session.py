@@ -146,7 +146,7 @@ class Session:
             self.reply(unique)
             return False
         if opcode == abi.GETXATTR and self.ops.no_such_xattr(nodeid, _name(body, abi.getxattr_in.size)[0]):
-            self.reply_error(unique, errno.ENODATA)
+            self.reply_error(unique, errno.EOPNOTSUPP)
             return True
         handler = self._handlers.get(opcode)
         if handler is None:

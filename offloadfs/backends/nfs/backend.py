@@ -529,8 +529,8 @@ class NFSBackend(Backend):
     # NFSv4.2 extended attributes (RFC 8276) hold the user namespace only, named without "user.".
 
     def _xattr_name(self, name):
-        if not name.startswith(b"user.") or len(name) == 5:
-            return None
+        if not self.holds_xattr(name):
+            raise OSError(errno.EOPNOTSUPP, "NFS holds only user.* attributes (no labels, no POSIX ACLs)")
         if self.settings.minorversion < 2 or ops.OP_GETXATTR in self.client.unsupported:
             raise OSError(errno.EOPNOTSUPP, "the server keeps no extended attributes")
         return name[5:]
@@ -548,14 +548,10 @@ class NFSBackend(Backend):
 
     async def getxattr(self, node, name):
         key = self._xattr_name(name)
-        if key is None:
-            raise OSError(errno.ENODATA, "no such attribute")  # security.*, system.*: none here
         return await self._xattr_call(node, ops.GetXattr(key))
 
     async def setxattr(self, node, name, value, flags):
         key = self._xattr_name(name)
-        if key is None:
-            raise OSError(errno.EOPNOTSUPP, "NFS keeps user.* attributes only")
         option = {os.XATTR_CREATE: ops.SETXATTR4_CREATE, os.XATTR_REPLACE: ops.SETXATTR4_REPLACE}.get(
             flags, ops.SETXATTR4_EITHER)
         await self._xattr_call(node, ops.SetXattr(option, key, bytes(value)))
@@ -579,8 +575,6 @@ class NFSBackend(Backend):
 
     async def removexattr(self, node, name):
         key = self._xattr_name(name)
-        if key is None:
-            raise OSError(errno.ENODATA, "no such attribute")
         await self._xattr_call(node, ops.RemoveXattr(key))
 
     async def close(self):

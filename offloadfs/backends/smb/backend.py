@@ -699,19 +699,17 @@ class SMBBackend(Capabilities, Backend):
                           m.close()], path)
 
     def holds_xattr(self, name):
-        return _ea_name(name) is not None
+        return _is_user_xattr(name)
 
     async def getxattr(self, node, name):
         ea = _ea_name(name)
-        value = (await self._eas(node, ea)).get(ea) if ea else None
+        value = (await self._eas(node, ea)).get(ea)
         if value is None:
             raise OSError(errno.ENODATA, "no such attribute")
         return value
 
     async def setxattr(self, node, name, value, flags):
         ea = _ea_name(name)
-        if ea is None:
-            raise OSError(errno.EOPNOTSUPP, "SMB stores only user.* attributes")
         if not value:
             # EOPNOTSUPP, not EINVAL: copying tools then skip the attribute instead of failing.
             raise OSError(errno.EOPNOTSUPP, "SMB cannot store an empty attribute (an empty value deletes it)")
@@ -728,7 +726,7 @@ class SMBBackend(Capabilities, Backend):
 
     async def removexattr(self, node, name):
         ea = _ea_name(name)
-        if ea is None or ea not in await self._eas(node, ea):
+        if ea not in await self._eas(node, ea):
             raise OSError(errno.ENODATA, "no such attribute")
         await self._set_ea(node, ea, b"")
 
@@ -832,6 +830,12 @@ def _query_all(file_id=m.RELATED):
     return m.query_info(info.FILE_ALL, file_id, 65536)
 
 
+def _is_user_xattr(name):
+    return name.startswith(b"user.") and len(name) > 5
+
+
 def _ea_name(name):
-    """The SMB EA name of a user.* xattr name, else None."""
-    return name[5:] if name.startswith(b"user.") and len(name) > 5 else None
+    """The SMB EA name of a user.* xattr name; EOPNOTSUPP for any other, which SMB cannot hold."""
+    if not _is_user_xattr(name):
+        raise OSError(errno.EOPNOTSUPP, "SMB stores only user.* attributes")
+    return name[5:]
