@@ -158,3 +158,23 @@ def test_an_nfs_listing_carries_what_readdirplus_needs(mount_on):
     lookups = _counter(mnt, "lookups")
     subprocess.run(["ls", "-lR", mnt.path], check=True, capture_output=True, timeout=60)
     assert _counter(mnt, "lookups") == lookups
+
+
+def test_a_listing_brings_the_directory_version_it_is_kept_by(mount_on):
+    """A directory listed again past attr_timeout costs one round trip, and its handle's close after
+    it: the listing's compound brings the directory's attributes (the version the listing is kept
+    by, taken before it), and they answer the fstat opendir(3) makes before it reads."""
+    mnt = mount_on("smb-ext4", ["attr_timeout=0.3", "entry_timeout=60"])
+    (mnt.backing / "d").mkdir()
+    (mnt.backing / "d" / "a").touch()
+    assert os.listdir(mnt.path / "d") == ["a"]
+    (mnt.backing / "d" / "b").touch()
+    time.sleep(0.6)  # the listing and the directory's attributes are both past attr_timeout
+    before = mnt.counters()
+    assert sorted(os.listdir(mnt.path / "d")) == ["a", "b"]
+
+    def trips():
+        after = mnt.counters()
+        closes = after["smb_requests"]["CLOSE"] - before["smb_requests"].get("CLOSE", 0)
+        return closes and after["smb_round_trips"] - before["smb_round_trips"]
+    assert _wait_for(trips, 5) == 2

@@ -85,6 +85,7 @@ class Inode:
     passthrough: int = 0  # handles open in passthrough: the kernel writes them without us
     listing: Listing | None = None  # directories: see cache.DirCache
     dir_changes: int = 0  # directories: how many changes we made to it (cache.DirCache.store)
+    unread: int = 0  # directories: handles opened and not read yet (see getattr)
     pending: object = None  # files: recognise.Pending, written data held for a copy
     data_changes: int = 0  # files: changes to the data made through this mount (recognise.version)
     behind: object = None  # files: writebehind.Behind, writes answered and still in flight
@@ -96,6 +97,7 @@ class Handle:
     file: object = None
     caller: Caller = field(default_factory=CALLER.get)  # who opened it: its requests act for them
     listing: list = field(default_factory=list)  # directories: the snapshot readdir pages through
+    unread: bool = False  # directories: opened, not read yet
     passthrough: bool = False
 
 
@@ -402,6 +404,8 @@ class Filesystem(Operations):
 
     async def getattr(self, ctx, nodeid, fh):
         inode = self._inode(nodeid)
+        if inode.unread and inode.source is not None and self.cache.fresh(inode) is None:
+            await self._list_ahead(inode)
         file = self.handles[fh].file if fh in self.handles else None
         st = await self._getattr(inode, file)
         return self._attr(inode, st), self._ttl(inode)
@@ -788,11 +792,30 @@ class Filesystem(Operations):
     async def opendir(self, ctx, nodeid, flags):
         inode = self._inode(nodeid)
         fh = next(self._fhs)
-        self.handles[fh] = Handle(inode)
+        self.handles[fh] = Handle(inode, unread=True)
+        inode.unread += 1
         return Opened(fh)
+
+    @staticmethod
+    def _read(h):
+        """The directory handle ``h`` was read from (or closed unread)."""
+        if h.unread:
+            h.unread = False
+            h.inode.unread -= 1
+
+    async def _list_ahead(self, inode):
+        """The listing a directory opened and not read yet is about to need, fetched now: opendir(3)
+        and fdopendir(3) fstat a directory before they read it, and the listing brings its
+        attributes in the same round trip (one round trip a directory for `find` and `ls -lR`, not
+        two).  Its errors are readdir's to report; the getattr then asks on its own."""
+        try:
+            await self._valid_listing(inode, stats=True)
+        except OSError as e:
+            log.debug("%s: listing ahead: %s", self._where(inode), e)
 
     async def readdir(self, ctx, nodeid, fh, offset, plus=False):
         h = self._handle(fh)
+        self._read(h)
         if offset == 0 or not h.listing:  # a new pass, or a seekdir() on a fresh handle
             h.listing = await self._listing(h.inode, plus)
         return [DirEntry(name, ino, dtype, i + 1) for i, (name, ino, dtype) in
@@ -856,16 +879,17 @@ class Filesystem(Operations):
         if relist_within is not None and (held is None or len(held.items) > relist_within):
             self.dircache.drop(inode)
             return None
-        before = self.cache.fresh(inode)  # older than the listing, as its version must be
-        if before is None:
-            before = self._cache(inode, await inode.source.backend.getattr(inode.node))
         self.stats.listings += 1
         asked, changes = time.monotonic(), inode.dir_changes
-        items = await inode.source.backend.listdir(inode.node)
+        before, items = await inode.source.backend.listdir(inode.node)  # older than the items, as the version must be
+        if not self.cache.newer_than(inode, before, asked):  # unless we changed the directory meanwhile
+            self._cache(inode, before, asked)
         return self.dircache.store(inode, before, items, asked, changes)
 
     async def releasedir(self, ctx, nodeid, fh):
-        self.handles.pop(fh, None)
+        h = self.handles.pop(fh, None)
+        if h is not None:
+            self._read(h)
 
     async def fsyncdir(self, ctx, nodeid, fh, datasync):
         self._handle(fh)

@@ -10,6 +10,7 @@ import hashlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import time
 import uuid
@@ -238,8 +239,9 @@ async def test_a_directory_of_one_page_is_listed_in_one_round_trip(connect):
         for i in range(100):
             (path / f"f{i}").touch()
         trips, closes = b.round_trips, b.requests["CLOSE"]
-        items = await b.listdir(d)
+        before, items = await b.listdir(d)
         assert len(items) == 100 and b.round_trips - trips == 1
+        assert stat.S_ISDIR(before.mode) and before.mtime_ns == os.stat(path).st_mtime_ns // 100 * 100
         await trio.testing.wait_all_tasks_blocked()
         assert (b.round_trips - trips, b.requests["CLOSE"] - closes) == (2, 1)  # and its handle closed
 
@@ -259,7 +261,7 @@ async def test_readdir_pages_through_2000_files(connect):
             return await call(*args)
 
         b.client.call = counting
-        items = await b.listdir(d)
+        _, items = await b.listdir(d)
         await trio.testing.wait_all_tasks_blocked()  # the handle's close, after the listing
         assert calls > 4  # 64 KiB pages: several QUERY_DIRECTORY round trips
         assert {i.name.decode() for i in items} == names | {"dir"}
@@ -310,7 +312,7 @@ async def test_a_listing_larger_than_the_caps_fails(connect, monkeypatch):
     async with connect() as (b, d, path):
         for i in range(5):
             (path / f"f{i}").touch()
-        assert len(await b.listdir(d)) == 5
+        assert len((await b.listdir(d))[1]) == 5
         monkeypatch.setattr(smb_backend, "LIST_MAX_ENTRIES", 4)
         with pytest.raises(OSError) as e:
             await b.listdir(d)

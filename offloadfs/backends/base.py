@@ -166,7 +166,11 @@ class Backend:
 
     async def fsync(self, file, datasync) -> None: raise NotImplementedError
     async def release(self, file) -> None: raise NotImplementedError
-    async def listdir(self, node) -> list[DirItem]: raise NotImplementedError
+    async def listdir(self, node) -> tuple[Stat, list[DirItem]]:
+        """The directory's attributes, taken before its entries (in the same round trip where the
+        protocol allows: they are the version its listing is kept by), and every entry but . and ..."""
+        raise NotImplementedError
+
     async def statfs(self, node) -> FsStat: raise NotImplementedError
     def holds_xattr(self, name) -> bool:
         """Whether an extended attribute of this name can exist here at all."""

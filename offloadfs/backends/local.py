@@ -233,8 +233,9 @@ class LocalBackend(Backend):
     async def listdir(self, node):
         fd = os.open(node.proc, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
+            before = self._stat(os.fstat(fd))
             with os.scandir(fd) as it:
-                return [DirItem(os.fsencode(e.name), e.inode(), _dtype(e)) for e in it]
+                return before, [DirItem(os.fsencode(e.name), e.inode(), _dtype(e)) for e in it]
         finally:
             os.close(fd)
 

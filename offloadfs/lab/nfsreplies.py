@@ -1,7 +1,7 @@
 """Mutators for the lab proxy that aim at NFSv4.1 replies (see proxy.py).
 
 A COMPOUND reply is read only as far as the tests need: the leading results
-of known size (SEQUENCE, PUTFH), then the offset of the next one.
+of known shape (SEQUENCE, PUTFH, GETATTR), then the offset of the next one.
 """
 import random
 
@@ -9,13 +9,15 @@ from offloadfs.backends.nfs import ops
 from offloadfs.backends.nfs.xdr import ProtocolError, Unpacker
 from offloadfs.lab.proxy import RPC, RandomMutator
 
-FIXED_RESULTS = {ops.OP_SEQUENCE: 36, ops.OP_PUTFH: 0}  # result bytes after the status
+# How to step over a result after its status.
+SKIP_RESULT = {ops.OP_SEQUENCE: lambda u: u.fixed(36), ops.OP_PUTFH: lambda u: None,
+               ops.OP_GETATTR: lambda u: (u.bitmap(), u.opaque(1 << 16))}
 
 
 def compound_results(record):
-    """[(operation, offset of its status)] of a COMPOUND reply, as far as results of known size
-    allow: the first result of another size (or a failed one) is the last listed; None if the
-    record is no accepted reply."""
+    """[(operation, offset of its status)] of a COMPOUND reply, as far as results of known shape
+    allow: the first result of another (or a failed one) is the last listed; None if the record
+    is no accepted reply."""
     try:
         u = Unpacker(record)
         _xid, kind, reply_stat = u.u32(), u.u32(), u.u32()
@@ -29,9 +31,9 @@ def compound_results(record):
         for _ in range(u.u32()):
             op, at = u.u32(), u.pos
             found.append((op, at))
-            if u.u32() != 0 or op not in FIXED_RESULTS:
+            if u.u32() != 0 or op not in SKIP_RESULT:
                 break
-            u.fixed(FIXED_RESULTS[op])
+            SKIP_RESULT[op](u)
         return found
     except ProtocolError:
         return None

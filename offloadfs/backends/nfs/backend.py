@@ -490,8 +490,12 @@ class NFSBackend(Backend):
         # Each entry's attributes and filehandle: what a lookup would give (the kernel's READDIRPLUS).
         mask = (attrs.DIRENT | self.stat_attrs | attrs.bits(attrs.FILEHANDLE)) & self.supported
         for _ in range(LISTING_MAX_BYTES // READDIR_MAX):
-            _, page = await self._call([ops.PutFH(node.fh), ops.ReadDir(cookie, verifier, READDIR_MAX // 4,
-                                                                        READDIR_MAX, mask)])
+            read = ops.ReadDir(cookie, verifier, READDIR_MAX // 4, READDIR_MAX, mask)
+            if cookie:
+                _, page = await self._call([ops.PutFH(node.fh), read])
+            else:  # the directory's version along with the first page, taken before it
+                _, values, page = await self._call([ops.PutFH(node.fh), ops.GetAttr(self.stat_attrs), read])
+                before = self._stat(values)
             for e in page.entries:
                 if e.cookie in cookies:
                     raise self._endless(f"READDIR repeats cookie {e.cookie}")
@@ -499,7 +503,7 @@ class NFSBackend(Backend):
                 if e.name not in (b".", b".."):
                     items.append(self._item(e))
             if page.eof:
-                return items
+                return before, items
             if not page.entries:
                 raise self._endless("READDIR made no progress")
             if len(cookies) > LISTING_MAX_ENTRIES:

@@ -625,12 +625,13 @@ class SMBBackend(Capabilities, Backend):
             pass
 
     async def listdir(self, node):
-        """The open and the first two pages in one compound: a directory of one page (up to some
-        500 entries) is listed in one round trip, its second page the STATUS_NO_MORE_FILES that
-        ends it.  Its handle is closed after the listing is answered."""
+        """The open, the directory's attributes and the first two pages in one compound: a
+        directory of one page (up to some 500 entries) is listed in one round trip, its second page
+        the STATUS_NO_MORE_FILES that ends it.  Its handle is closed after the listing is answered."""
         path = _path(node)
-        create, *pages = await self._send([
+        create, queried, *pages = await self._send([
             m.create(path, m.READ_DATA | m.READ_ATTRIBUTES | m.SYNCHRONIZE, m.OPEN, m.DIRECTORY_FILE),
+            _query_all(),
             m.query_directory(m.RELATED, info.FILE_ID_BOTH_DIRECTORY, m.RESTART_SCAN, LIST_BUFFER),
             m.query_directory(m.RELATED, info.FILE_ID_BOTH_DIRECTORY, 0, LIST_BUFFER)])
         generation = self.client.generation
@@ -641,6 +642,12 @@ class SMBBackend(Capabilities, Backend):
         items = []
         seen = _Pages(f"{self.client.where}: listing of {path or 'the share'}")
         try:
+            if queried[0] != errors.SUCCESS:
+                raise status_error(queried[0], what=path)
+            a = info.FileAllInformation.unpack(wire.QueryResponse.buffer(queried[1]))
+            if not _same(node, a):
+                raise OSError(errno.ESTALE, f"{path}: replaced by another directory")
+            before = self._stat(a)
             while True:
                 status, body = pages.pop(0)
                 if status == errors.NO_MORE_FILES:
@@ -657,7 +664,7 @@ class SMBBackend(Capabilities, Backend):
                         [m.query_directory(fid, info.FILE_ID_BOTH_DIRECTORY, 0, LIST_BUFFER)], generation)
         finally:
             trio.lowlevel.spawn_system_task(self._close_listing, fid, generation)
-        return items
+        return before, items
 
     async def _close_listing(self, fid, generation):
         """Close a listing's handle.  Nothing waits for it, so nothing may escape: a connection lost
