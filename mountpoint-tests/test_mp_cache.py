@@ -158,3 +158,23 @@ def test_an_impossible_size_of_the_root_fails_that_request_only(ganesha, mount):
             proxy.mutator = None
             assert os.stat(mnt.path).st_size == root.st_size
             assert (mnt.path / "g").read_bytes() == b"abc"
+
+
+def test_an_open_by_a_name_another_client_replaced_or_removed(mount_on):
+    """The kernel holds a name for a minute, while another client replaces the file behind it, or
+    removes it: an open gets the file the name leads to now (the SMB open checks the file id it
+    opened by that name), ENOENT, or with O_CREAT a new file."""
+    mnt = mount_on("smb-xfs", ["attr_timeout=60", "entry_timeout=60"])
+    for name in ("replaced", "removed", "made-again"):
+        (mnt.backing / name).write_bytes(b"old")
+        assert (mnt.path / name).read_bytes() == b"old"  # this mount knows the file and holds its name
+    (mnt.backing / "replaced").unlink()
+    (mnt.backing / "replaced").write_bytes(b"the new file")
+    (mnt.backing / "removed").unlink()
+    (mnt.backing / "made-again").unlink()
+    assert (mnt.path / "replaced").read_bytes() == b"the new file"
+    with pytest.raises(FileNotFoundError):
+        open(mnt.path / "removed", "rb")
+    with open(mnt.path / "made-again", "ab") as f:
+        f.write(b"new")
+    assert (mnt.backing / "made-again").read_bytes() == b"new"

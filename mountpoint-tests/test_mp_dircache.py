@@ -56,6 +56,32 @@ def test_creating_files_costs_no_failing_lookups(where, mount_on):
     assert sorted(os.listdir(mnt.backing / "d")) == sorted(f"f{i}" for i in range(1, 21))
 
 
+@pytest.mark.parametrize("where", WHERE)
+def test_a_name_found_absent_is_not_asked_for_again(where, mount_on):
+    """cp asks for its destination twice before it makes it: its stat, then the lookup the kernel
+    makes for an O_EXCL open whatever it holds.  The server's "no such file" answers the second
+    too, in a directory we hold no listing of; our own create makes the name at once."""
+    mnt = mount_on(where, LONG)
+    (mnt.backing / "d").mkdir()
+    absent = _counter(mnt, "lookups_absent")
+    with pytest.raises(FileNotFoundError):
+        os.stat(mnt.path / "d" / "new")
+    os.close(os.open(mnt.path / "d" / "new", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    assert _counter(mnt, "lookups_absent") == absent + 1
+    assert os.stat(mnt.path / "d" / "new").st_size == 0
+    assert (mnt.backing / "d" / "new").exists()
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_a_name_found_absent_shows_within_attr_timeout_once_made_elsewhere(where, mount_on):
+    mnt = mount_on(where)  # attr_timeout=1
+    (mnt.backing / "d").mkdir()
+    with pytest.raises(FileNotFoundError):
+        os.stat(mnt.path / "d" / "new")
+    (mnt.backing / "d" / "new").write_bytes(b"n")
+    assert _wait_for(lambda: os.path.exists(mnt.path / "d" / "new"), 1.5)
+
+
 def _wait_for(what, timeout):
     """what() once it holds, or its last value after ``timeout`` seconds."""
     end = time.monotonic() + timeout

@@ -27,6 +27,7 @@ LLONG_MAX = (1 << 63) - 1
 NS = 1_000_000_000
 RACY_NS = NS  # see DirCache: more than any server's timestamp step, and some clock skew
 BARE_SHARE = 8  # READDIRPLUS lists again once over 1/8 of a listing's items came without attributes
+ABSENT_MAX = 1024  # names a directory keeps as absent (DirCache.absent); past that, the expired go
 FILE_TYPES = frozenset({stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK, stat.S_IFCHR, stat.S_IFBLK,
                         stat.S_IFIFO, stat.S_IFSOCK})
 
@@ -149,6 +150,10 @@ class DirCache:
     such a listing is fetched again instead (git's "racy" index entries).  Our own changes
     update the listing in place and clear its version: it answers until it expires, then is
     fetched again, as its directory's times moved under us.
+
+    Without a listing, a name the server said is absent answers its next lookups for
+    attr_timeout too (held in the Inode's ``absent``), until we make it or learn that the
+    directory changed.
     """
 
     def __init__(self, timeout):
@@ -185,6 +190,8 @@ class DirCache:
         listing = inode.listing
         if listing is None or listing.racy or listing.version != dir_version(st):
             inode.listing = None
+            if listing is not None and listing.version not in (None, dir_version(st)):
+                inode.absent = None  # changed by someone else: those names may be there now
             return None
         listing.expiry = time.monotonic() + self.timeout
         return listing
@@ -192,6 +199,27 @@ class DirCache:
     def ttl(self, inode):
         """How long a negative answer from the listing may be kept by the kernel."""
         return 0.0 if inode.listing is None else max(0.0, inode.listing.expiry - time.monotonic())
+
+    def absent(self, inode, name, asked, changes):
+        """The server said ``name`` is not in the directory ``inode``, asked at ``asked``
+        (monotonic) when ``inode.dir_changes`` was ``changes``: kept unless we changed the
+        directory meanwhile (the answer may predate our change)."""
+        if changes != inode.dir_changes:
+            return
+        now = time.monotonic()
+        if inode.absent is None:
+            inode.absent = {}
+        elif len(inode.absent) >= ABSENT_MAX:
+            inode.absent = {n: until for n, until in inode.absent.items() if until > now}
+            if len(inode.absent) >= ABSENT_MAX:
+                inode.absent.clear()
+        inode.absent[name] = asked + self.timeout
+
+    @staticmethod
+    def absent_ttl(inode, name):
+        """How much longer ``name`` is known to be absent from ``inode``; 0.0: ask."""
+        until = None if inode.absent is None else inode.absent.get(name)
+        return 0.0 if until is None else max(0.0, until - time.monotonic())
 
     def item_stat(self, item, listing):
         """The attributes the listing carried for ``item``, while they are fresh enough to hand on."""
@@ -203,6 +231,8 @@ class DirCache:
     def added(inode, item):
         """We made ``item`` in the directory."""
         inode.dir_changes += 1
+        if inode.absent:
+            inode.absent.pop(item.name, None)
         listing = inode.listing
         if listing is not None:
             old = listing.items.get(item.name)
@@ -227,3 +257,4 @@ class DirCache:
         """In doubt (a change that failed, an exchange): ask the server next time."""
         inode.dir_changes += 1
         inode.listing = None
+        inode.absent = None

@@ -86,6 +86,7 @@ class Inode:
     listing: Listing | None = None  # directories: see cache.DirCache
     dir_changes: int = 0  # directories: how many changes we made to it (cache.DirCache.store)
     unread: int = 0  # directories: handles opened and not read yet (see getattr)
+    absent: dict | None = None  # directories: names the server said are not there (cache.DirCache)
     pending: object = None  # files: recognise.Pending, written data held for a copy
     data_changes: int = 0  # files: changes to the data made through this mount (recognise.version)
     behind: object = None  # files: writebehind.Behind, writes answered and still in flight
@@ -341,9 +342,12 @@ class Filesystem(Operations):
         if known is not None:
             await self.behind.settle(known)  # its attributes must hold what we wrote
         listing = await self._valid_listing(inode, RELIST_FOR_LOOKUP)
-        if listing is None:
-            return await self._lookup(inode, name)
-        return await self._lookup_listed(inode, name, listing)
+        if listing is not None:
+            return await self._lookup_listed(inode, name, listing)
+        absent = self.dircache.absent_ttl(inode, name)
+        if absent:
+            return Entry(0, None, min(self.options.entry_timeout, absent), 0.0)
+        return await self._lookup(inode, name)
 
     async def _lookup_listed(self, inode, name, listing):
         """The entry of ``name`` in the directory ``inode`` that ``listing`` (valid) answers for."""
@@ -379,10 +383,12 @@ class Filesystem(Operations):
 
     async def _lookup(self, dir, name):
         self.stats.lookups += 1
+        asked, changes = time.monotonic(), dir.dir_changes
         try:
             node, st = await dir.source.backend.lookup(dir.node, name)
         except FileNotFoundError:
             self.stats.lookups_absent += 1
+            self.dircache.absent(dir, name, asked, changes)
             raise
         return self._entry(dir, name, node, st)
 
@@ -556,10 +562,19 @@ class Filesystem(Operations):
         """Close-to-open: the name still leads to the file, its attributes come from the server,
         and the kernel keeps the pages it cached only if the file is as it last saw it."""
         inode = self._dir(nodeid)
-        await self._check_name(inode)
+        checked = self._checked_by_open(inode)
+        if checked:
+            await self._dropped()
+        else:
+            await self._check_name(inode)
         await self.behind.settle(inode)  # attributes from the server must hold what we wrote
         backend = inode.source.backend
-        file = await backend.open(inode.node, self._open_flags(flags))
+        try:
+            file = await backend.open(inode.node, self._open_flags(flags))
+        except OSError as e:
+            if checked and e.errno in (errno.ESTALE, errno.ENOENT):
+                await self._check_name(inode)  # drops the stale name here and in the kernel: ESTALE
+            raise
         try:
             if flags & os.O_TRUNC:
                 await self._settle(inode)  # the truncate came after what was written before
@@ -580,6 +595,16 @@ class Filesystem(Operations):
                 await backend.release(file)
             raise
         return self._opened(inode, file, keep)
+
+    def _checked_by_open(self, inode):
+        """True if the open of ``inode`` itself checks the one name the kernel holds for it (see
+        _check_name), so that no lookup need go first."""
+        if len(inode.names) != 1:
+            return False
+        [(dir_id, name)] = inode.names
+        dir = self.inodes.get(dir_id)
+        return dir is not None and dir.source is inode.source and \
+            inode.source.backend.open_checks(dir.node, name, inode.node)
 
     async def _check_name(self, inode):
         """Every name the kernel holds for ``inode`` must still lead to it at the server.

@@ -100,6 +100,7 @@ async def test_open_keeps_pages_only_of_a_file_that_did_not_change(tmp_path):
 class _Dir:
     listing = None
     dir_changes = 0
+    absent = None
 
 
 OLD_DIR = Stat(ino=2, mode=stat.S_IFDIR | 0o755, mtime_ns=1_000_000_000, ctime_ns=1_000_000_000, change=7)
@@ -171,6 +172,24 @@ def test_readdirplus_lists_again_once_many_entries_were_made_here():
     cache.added(d, DirItem(b"new1", 31, 8))
     assert cache.fresh(d) is listing  # names: still good for lookups and readdir
     assert cache.fresh(d, stats=True) is None
+
+
+def test_an_absent_name_answers_until_we_make_it_or_the_directory_changes():
+    cache, d = DirCache(1.0), _Dir()
+    cache.absent(d, b"new", time.monotonic(), d.dir_changes)
+    assert 0.9 < cache.absent_ttl(d, b"new") <= 1.0 and cache.absent_ttl(d, b"other") == 0.0
+    cache.added(d, DirItem(b"new", 30, 8))
+    assert cache.absent_ttl(d, b"new") == 0.0
+    asked, changes = time.monotonic(), d.dir_changes
+    cache.added(d, DirItem(b"mine", 31, 8))  # while the server was asked about "late"
+    cache.absent(d, b"late", asked, changes)
+    assert cache.absent_ttl(d, b"late") == 0.0  # its answer may predate our change
+    cache.absent(d, b"gone", time.monotonic() - 2.0, d.dir_changes)
+    assert cache.absent_ttl(d, b"gone") == 0.0  # asked more than attr_timeout ago
+    cache.absent(d, b"x", time.monotonic(), d.dir_changes)
+    cache.store(d, OLD_DIR, [])
+    assert cache.revalidate(d, dataclasses.replace(OLD_DIR, change=8)) is None  # changed elsewhere
+    assert cache.absent_ttl(d, b"x") == 0.0
 
 
 class _File:

@@ -151,6 +151,11 @@ class Backend:
     async def rename(self, dir, name, newdir, newname, flags) -> None: raise NotImplementedError
     async def open(self, node, flags) -> object: raise NotImplementedError
 
+    def open_checks(self, dir, name, node) -> bool:
+        """True if open(node) goes by ``name`` in ``dir`` and fails, ESTALE or ENOENT, where that
+        name leads to another file or to none: the open itself then checks what a lookup would."""
+        return False
+
     def opened(self, file) -> Stat | None:
         """The attributes ``file``'s open got from the server along with it, once (then open() asks no
         getattr of its own), or None."""

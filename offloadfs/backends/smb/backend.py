@@ -500,6 +500,14 @@ class SMBBackend(Capabilities, Backend):
         file.attributes = a
         return file
 
+    def open_checks(self, dir, name, node):
+        """SMB opens by name and compares the file id: a node known by this name alone (no other
+        to fall back to) fails where it leads elsewhere."""
+        try:
+            return list(node.paths) == [_child(dir, name)]
+        except OSError:
+            return False
+
     def opened(self, file):
         """The QUERY_INFO in the open's own compound, taken once: close-to-open needs no second one."""
         a, file.attributes = file.attributes, None
