@@ -832,7 +832,11 @@ class Filesystem(Operations):
         """The listing a directory opened and not read yet is about to need, fetched now: opendir(3)
         and fdopendir(3) fstat a directory before they read it, and the listing brings its
         attributes in the same round trip (one round trip a directory for `find` and `ls -lR`, not
-        two).  Its errors are readdir's to report; the getattr then asks on its own."""
+        two).  Not for a directory known to be large: a handle held open unread (a dirfd for
+        openat) would make every getattr of it a long listing.  Its errors are readdir's to report;
+        the getattr then asks on its own."""
+        if inode.listing is not None and len(inode.listing.items) > RELIST_FOR_LOOKUP:
+            return
         try:
             await self._valid_listing(inode, stats=True)
         except OSError as e:

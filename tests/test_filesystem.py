@@ -92,3 +92,28 @@ async def test_read_only_refuses_changes(tmp_path):
         with pytest.raises(OSError) as e:
             await call
         assert e.value.errno == errno.EROFS
+
+
+async def test_an_unread_directory_is_listed_ahead_of_its_fstat_unless_it_is_large(tmp_path):
+    """opendir(3) fstats the directory before it reads it: the getattr fetches the listing it is
+    about to need.  A directory known to be large is not listed for a getattr (a dirfd held open
+    unread for openat would make each getattr a long listing)."""
+    for name, count in (("small", 3), ("large", 1100)):
+        (tmp_path / name).mkdir()
+        for i in range(count):
+            (tmp_path / name / f"f{i}").touch()
+    fs = await mounted(tmp_path, attr_timeout=0.0)
+    listed = {}
+    for name in ("small", "large"):
+        nodeid = (await fs.lookup(ROOT_CTX, 1, name.encode())).nodeid
+        for _ in range(2):  # before any listing, then with one held
+            opened = await fs.opendir(ROOT_CTX, nodeid, os.O_RDONLY)
+            before = fs.stats.listings
+            await fs.getattr(ROOT_CTX, nodeid, None)
+            listed.setdefault(name, []).append(fs.stats.listings - before)
+            await fs.readdir(ROOT_CTX, nodeid, opened.fh, 0)
+            await fs.releasedir(ROOT_CTX, nodeid, opened.fh)
+        before = fs.stats.listings
+        await fs.getattr(ROOT_CTX, nodeid, None)  # no handle unread: a getattr only
+        listed[name].append(fs.stats.listings - before)
+    assert listed == {"small": [1, 1, 0], "large": [1, 0, 0]}
