@@ -34,7 +34,7 @@ PLACES = ("nfs-ganesha", "nfsd")
 
 NO_POSIX_ACL = "NFSv4 has no POSIX ACLs or security labels as extended attributes"
 
-# What a mount of a ganesha export cannot do, as the reason a test that needs it is skipped.
+# What a mount of each export cannot do, as the reason a test that needs it is skipped.
 CANNOT = {
     "nfs-ganesha": {
         "xattr": "nfs-ganesha 4.3 (FSAL VFS) has no NFSv4.2 user extended attributes (GETXATTR: NOTSUPP)",

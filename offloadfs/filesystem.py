@@ -346,13 +346,17 @@ class Filesystem(Operations):
             return await self._lookup_listed(inode, name, listing)
         absent = self.dircache.absent_ttl(inode, name)
         if absent:
-            return Entry(0, None, min(self.options.entry_timeout, absent), 0.0)
+            return self._no_entry(absent)
         return await self._lookup(inode, name)
+
+    def _no_entry(self, ttl):
+        """A "no such file" answer, which the kernel may keep for ``ttl`` (what is left of ours)."""
+        return Entry(0, None, min(self.options.entry_timeout, ttl), 0.0)
 
     async def _lookup_listed(self, inode, name, listing):
         """The entry of ``name`` in the directory ``inode`` that ``listing`` (valid) answers for."""
         if name not in listing.items:  # the kernel keeps the answer too, for what is left of the listing's time
-            return Entry(0, None, min(self.options.entry_timeout, self.dircache.ttl(inode)), 0.0)
+            return self._no_entry(self.dircache.ttl(inode))
         listed = self._listed(inode, name, listing)
         if listed is not None:
             return self._entry(inode, name, *listed, listing.fetched)

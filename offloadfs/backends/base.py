@@ -111,6 +111,11 @@ class FsStat:
     frsize: int = 4096
 
 
+def user_xattr(name) -> bool:
+    """A user.* attribute name: all that SMB EAs and NFSv4.2 extended attributes can hold."""
+    return name.startswith(b"user.") and len(name) > 5
+
+
 class Backend:
     """One source.  Errors are OSError with the errno a local filesystem would give.
 
@@ -178,7 +183,8 @@ class Backend:
 
     async def statfs(self, node) -> FsStat: raise NotImplementedError
     def holds_xattr(self, name) -> bool:
-        """Whether an extended attribute of this name can exist here at all."""
+        """Whether an extended attribute of this name can exist here at all (SMB and NFS:
+        ``user_xattr``); the others answer EOPNOTSUPP, as the kernel's own clients do."""
         return True
 
     async def getxattr(self, node, name) -> bytes: raise NotImplementedError

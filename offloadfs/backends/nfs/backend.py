@@ -27,7 +27,7 @@ import stat
 import trio
 
 from .. import SourceError
-from ..base import CALLER, Backend, DirItem, FsStat, NotSupported, Stat
+from ..base import CALLER, Backend, DirItem, FsStat, NotSupported, Stat, user_xattr
 from ..parallel import copy_spans, together
 from . import attrs, errors, ops, rpc, url
 from .errors import NFSError
@@ -548,7 +548,7 @@ class NFSBackend(Backend):
             raise
 
     def holds_xattr(self, name):
-        return name.startswith(b"user.") and len(name) > 5
+        return user_xattr(name)
 
     async def getxattr(self, node, name):
         key = self._xattr_name(name)

@@ -28,7 +28,7 @@ import uuid
 import trio
 
 from .. import SourceError
-from ..base import NOW, Backend, DirItem, FsStat, Stat
+from ..base import NOW, Backend, DirItem, FsStat, Stat, user_xattr
 from . import errors, info, messages as m, url, wire
 from .capabilities import Capabilities, CopyLimits
 from ..parallel import together
@@ -714,7 +714,7 @@ class SMBBackend(Capabilities, Backend):
                           m.close()], path)
 
     def holds_xattr(self, name):
-        return _is_user_xattr(name)
+        return user_xattr(name)
 
     async def getxattr(self, node, name):
         ea = _ea_name(name)
@@ -845,12 +845,8 @@ def _query_all(file_id=m.RELATED):
     return m.query_info(info.FILE_ALL, file_id, 65536)
 
 
-def _is_user_xattr(name):
-    return name.startswith(b"user.") and len(name) > 5
-
-
 def _ea_name(name):
     """The SMB EA name of a user.* xattr name; EOPNOTSUPP for any other, which SMB cannot hold."""
-    if not _is_user_xattr(name):
+    if not user_xattr(name):
         raise OSError(errno.EOPNOTSUPP, "SMB stores only user.* attributes")
     return name[5:]
