@@ -178,3 +178,21 @@ def test_an_open_by_a_name_another_client_replaced_or_removed(mount_on):
     with open(mnt.path / "made-again", "ab") as f:
         f.write(b"new")
     assert (mnt.backing / "made-again").read_bytes() == b"new"
+
+
+@pytest.mark.parametrize("where", ["local-btrfs", "smb-btrfs", "smb-xfs"])
+def test_a_copy_from_a_file_another_client_cut_short_after_the_open(where, mount_on):
+    """copy_file_range is bounded by the size the kernel and the daemon hold from the open (no
+    request asks it again): a source cut short since must give a copy of what is left, not an
+    empty file, nor one padded to the old size."""
+    mnt = mount_on(where, ["attr_timeout=60", "entry_timeout=60"])
+    data = os.urandom(3 * 65536 + 100)
+    (mnt.backing / "src").write_bytes(data)
+    with open(mnt.path / "src", "rb") as src, open(mnt.path / "dst", "wb") as dst:
+        with open(mnt.backing / "src", "r+b") as cut:
+            cut.truncate(5000)
+        copied = 0
+        while n := os.copy_file_range(src.fileno(), dst.fileno(), 1 << 20):
+            copied += n
+    assert copied == 5000
+    assert (mnt.backing / "dst").read_bytes() == data[:5000]

@@ -97,21 +97,23 @@ class Planner:
             (faster if costs[m] is None or costs[m] < stream else slower).append(m)
         return faster + ["stream"] + slower
 
-    async def copy(self, src: Endpoint, off_in, dst: Endpoint, off_out, length):
+    async def copy(self, src: Endpoint, off_in, dst: Endpoint, off_out, length, stats=None):
         """Copy up to ``length`` bytes; returns the count, short at the source's EOF or where a
         failure cut the copy after a first part (the caller asks again for the rest and gets the
         error then, as with any copy_file_range).  A copy that fails leaves what a plain copy
-        leaves: the part done without a gap, and no more (see _trim)."""
-        return sum((await self._copy(src, off_in, dst, off_out, length, False)).values())
+        leaves: the part done without a gap, and no more (see _trim).  ``stats``: the attributes
+        of source and destination where the caller holds them, else they are asked for.  A source
+        cut short since is safe: an offload past its end fails, and streaming stops at the end."""
+        return sum((await self._copy(src, off_in, dst, off_out, length, False, stats)).values())
 
     async def offload_copy(self, src: Endpoint, off_in, dst: Endpoint, off_out, length):
         """As copy, but only by the offloads (recognise.py holds the bytes, and writes what is left);
         returns {method: bytes}, from ``off_in`` on without a gap; {} where none would serve."""
         return await self._copy(src, off_in, dst, off_out, length, True)
 
-    async def _copy(self, src, off_in, dst, off_out, length, offload_only):
-        src_st, dst_st = await together([lambda: src.backend.getattr(src.node, src.file),
-                                         lambda: dst.backend.getattr(dst.node, dst.file)])
+    async def _copy(self, src, off_in, dst, off_out, length, offload_only, stats=None):
+        src_st, dst_st = stats or await together([lambda: src.backend.getattr(src.node, src.file),
+                                                  lambda: dst.backend.getattr(dst.node, dst.file)])
         length = min(length, max(0, src_st.size - off_in))
         route = (id(src.backend), id(dst.backend))
         methods = plan(src, dst, self.offload)
