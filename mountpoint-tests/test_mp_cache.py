@@ -196,3 +196,24 @@ def test_a_copy_from_a_file_another_client_cut_short_after_the_open(where, mount
             copied += n
     assert copied == 5000
     assert (mnt.backing / "dst").read_bytes() == data[:5000]
+
+
+@pytest.mark.parametrize("where", ["local-ext4", "smb-xfs", "nfs-ganesha", "nfsd"])
+@pytest.mark.parametrize("access", [os.O_WRONLY, os.O_RDWR], ids=["wronly", "rdwr"])
+def test_an_append_after_another_clients_append_goes_after_it(where, access, mount_on):
+    """The kernel appends at the size it holds, which another client's append outdated (a shell's
+    `>>` opens O_APPEND and writes without a seek): the write must land at the server's end of the
+    file, after the other client's data, not over it."""
+    mnt = mount_on(where, ["attr_timeout=60", "entry_timeout=60"])
+    (mnt.path / "log").write_bytes(b"ours-1\n")
+    assert (mnt.path / "log").stat().st_size == 7  # the kernel holds that size for a minute
+    with open(mnt.backing / "log", "ab") as other:
+        other.write(b"theirs\n")
+    fd = os.open(mnt.path / "log", access | os.O_APPEND)
+    try:
+        os.write(fd, b"ours-2\n")
+        os.write(fd, b"ours-3\n")
+    finally:
+        os.close(fd)
+    assert (mnt.backing / "log").read_bytes() == b"ours-1\ntheirs\nours-2\nours-3\n"
+    assert (mnt.path / "log").read_bytes() == b"ours-1\ntheirs\nours-2\nours-3\n"

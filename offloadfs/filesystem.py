@@ -101,6 +101,7 @@ class Handle:
     listing: list = field(default_factory=list)  # directories: the snapshot readdir pages through
     unread: bool = False  # directories: opened, not read yet
     passthrough: bool = False
+    append: bool = False  # opened O_APPEND, the kernel's cache aside: its writes go to the server's end
 
 
 def check_name(name):
@@ -555,13 +556,20 @@ class Filesystem(Operations):
             raise OSError(errno.EROFS, "read-only mount")
         return flags
 
-    def _opened(self, inode, file, keep_cache=False):
+    def _opened(self, inode, file, flags, keep_cache=False):
+        """A handle for ``file``, opened with ``flags`` (as _open_flags made them).
+
+        Without the writeback cache the kernel appends at the size it holds, which may be older
+        than another client's append: the daemon places a handle's appends at the server's end
+        (_append_at) instead, and the kernel must keep the data out of its page cache, where it
+        would sit at the place it asked for."""
         fh = next(self._fhs)
         backend = inode.source.backend
         backing = backend.backing_fd(file) if self.passthrough and isinstance(backend, Passthrough) else None
-        self.handles[fh] = Handle(inode, file, passthrough=backing is not None)
+        append = backing is None and bool(flags & os.O_APPEND)
+        self.handles[fh] = Handle(inode, file, passthrough=backing is not None, append=append)
         inode.passthrough += backing is not None
-        return Opened(fh, backing_fd=backing, keep_cache=keep_cache)
+        return Opened(fh, backing_fd=backing, keep_cache=keep_cache, direct_io=append)
 
     async def open(self, ctx, nodeid, flags, kill_suidgid):
         """Close-to-open: the name still leads to the file, its attributes come from the server,
@@ -574,8 +582,9 @@ class Filesystem(Operations):
             await self._check_name(inode)
         await self.behind.settle(inode)  # attributes from the server must hold what we wrote
         backend = inode.source.backend
+        flags = self._open_flags(flags)
         try:
-            file = await backend.open(inode.node, self._open_flags(flags))
+            file = await backend.open(inode.node, flags)
         except OSError as e:
             if checked and e.errno in (errno.ESTALE, errno.ENOENT):
                 await self._check_name(inode)  # drops the stale name here and in the kernel: ESTALE
@@ -599,7 +608,7 @@ class Filesystem(Operations):
             with trio.CancelScope(shield=True):
                 await backend.release(file)
             raise
-        return self._opened(inode, file, keep)
+        return self._opened(inode, file, flags, keep)
 
     def _checked_by_open(self, inode):
         """True if the open of ``inode`` itself checks the one name the kernel holds for it (see
@@ -671,9 +680,10 @@ class Filesystem(Operations):
         check_name(name)
         dir = self._dir(parent)
         async with self._changing(dir):
-            node, st, file = await dir.source.backend.create(dir.node, name, self._open_flags(flags), mode)
+            flags = self._open_flags(flags)
+            node, st, file = await dir.source.backend.create(dir.node, name, flags, mode)
         entry = self._added(dir, name, node, st)
-        return entry, self._opened(self.inodes[entry.nodeid], file)
+        return entry, self._opened(self.inodes[entry.nodeid], file, flags)
 
     async def read(self, ctx, nodeid, fh, offset, size):
         h = self._handle(fh)
@@ -693,6 +703,8 @@ class Filesystem(Operations):
 
     async def write(self, ctx, nodeid, fh, offset, data, kill_suidgid):
         h = self._handle(fh)
+        if h.append:
+            offset = await self._append_at(h, offset, len(data))
         h.inode.data_changes += 1
         if self.recogniser is None or h.inode.source.index not in self.copies_to:
             await self._write_out(h, offset, data)
@@ -703,6 +715,17 @@ class Filesystem(Operations):
         if kill_suidgid:
             await self._kill_suidgid(h.inode, h.file)
         return len(data)
+
+    async def _append_at(self, h, asked, size):
+        """Where an append through ``h`` goes: the end of the file as the server has it, once what
+        we hold and have in flight for it is there (the NFS client appends at the size it
+        revalidates, so does this).  ``asked``: the kernel's idea of the end; where the data goes
+        elsewhere, the kernel's pages over that range are dropped too."""
+        await self._settle(h.inode)
+        end = (await self._getattr(h.inode, h.file)).size
+        if end != asked and self.kernel is not None:
+            self.kernel.notify_inval_inode(h.inode.nodeid, end, size)
+        return end
 
     async def _write_out(self, h, offset, data):
         """A plain write: to a remote file it goes behind (writebehind.py); a local file's (one

@@ -73,6 +73,7 @@ INIT_EXT = 1 << 30
 PASSTHROUGH = 1 << 37
 
 # fuse_open_out.open_flags
+FOPEN_DIRECT_IO = 1 << 0
 FOPEN_KEEP_CACHE = 1 << 1
 FOPEN_PASSTHROUGH = 1 << 7
 

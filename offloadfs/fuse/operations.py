@@ -37,6 +37,8 @@ class Opened:
     # open() only: the file is as the kernel last saw it, so it keeps its cached pages and
     # attributes; otherwise both are dropped (close-to-open).
     keep_cache: bool = False
+    # The handle's reads and writes go around the kernel's page cache, each as the caller made it.
+    direct_io: bool = False
 
 
 @dataclass(slots=True)

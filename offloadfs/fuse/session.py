@@ -254,7 +254,8 @@ class Session:
         backing file of its own for each handle, with that handle's flags, from that id's path,
         so the first handle's access mode does not limit later ones."""
         if opened.backing_fd is None or not self.conn.passthrough:
-            return abi.open_out.pack(opened.fh, abi.FOPEN_KEEP_CACHE if opened.keep_cache else 0, 0)
+            flags = (abi.FOPEN_KEEP_CACHE if opened.keep_cache else 0) | (abi.FOPEN_DIRECT_IO if opened.direct_io else 0)
+            return abi.open_out.pack(opened.fh, flags, 0)
         backing = self._backing.get(nodeid)
         if backing is None:
             arg = bytearray(abi.backing_map.pack(opened.backing_fd, 0, 0))
