@@ -380,7 +380,8 @@ class SMBBackend(Capabilities, Backend):
         attributes = 0
         if mode is not None:
             # As mount.cifs: no write permission is the read-only attribute.
-            a = await (self._file_attributes(files[0]) if files else self._stat_path(_path(node)))
+            a = await self._borrowing(file, node, files[:1], self._file_attributes) if files else None
+            a = a or await self._stat_path(_path(node))
             wanted = a.attributes & ~info.ATTR_READONLY | (0 if mode & 0o200 else info.ATTR_READONLY)
             if wanted != a.attributes:
                 attributes = wanted or info.ATTR_NORMAL
@@ -391,16 +392,32 @@ class SMBBackend(Capabilities, Backend):
             basic = info.FileBasicInformation(now if atime_ns == NOW else atime_ns,
                                               now if mtime_ns == NOW else mtime_ns, attributes).pack()
             changes.append((info.FILE_BASIC, basic))
-        for f in files:
+        async def apply(f):
             for change in changes:
                 await self._file_call(f, lambda fid: m.set_info(*change, fid))
-        if files:
-            return await self.getattr(node, files[0])
+            return True
+
+        if await self._borrowing(file, node, files, apply):
+            return await self.getattr(node, file)
         path = _path(node)
         access = m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES | (m.WRITE_DATA if size is not None else 0)
         bodies = await self._call([m.create(path, access), *(m.set_info(*c) for c in changes), _query_all(), m.close()],
                                   path)
         return self._stat(info.FileAllInformation.unpack(wire.QueryResponse.buffer(bodies[-2])))
+
+    @staticmethod
+    async def _borrowing(file, node, files, use):
+        """``use`` each of ``files``; the last result, or None if none took it.  Handles borrowed
+        from the node (no ``file`` given) may be released while we use them (the kernel does not
+        wait for a release): one closed meanwhile is passed over, and the caller goes another way."""
+        result = None
+        for f in files:
+            try:
+                result = await use(f)
+            except OSError as e:
+                if file is not None or e.errno != errno.EBADF or f in node.files:
+                    raise
+        return result
 
     async def readlink(self, node):
         raise OSError(errno.EINVAL, "SMB without unix extensions has no symlinks")
