@@ -217,3 +217,39 @@ def test_an_append_after_another_clients_append_goes_after_it(where, access, mou
         os.close(fd)
     assert (mnt.backing / "log").read_bytes() == b"ours-1\ntheirs\nours-2\nours-3\n"
     assert (mnt.path / "log").read_bytes() == b"ours-1\ntheirs\nours-2\nours-3\n"
+
+
+@pytest.mark.parametrize("where", ["local-ext4", "smb-xfs"])
+def test_each_write_of_a_write_only_file_is_one_request(where, mount_on, tmp_path):
+    """tar x writes 10 KiB records cut at 512-byte headers: through the page cache the kernel ends
+    a WRITE at every page it fills in part, two requests for most such writes; a file opened
+    write-only gets one a write(2)."""
+    log = tmp_path / "log"
+    mnt = mount_on(where, ["debug", f"logfile={log}"])
+    data = os.urandom(8 * 5120)
+    fd = os.open(mnt.path / "f", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for i in range(8):
+            os.write(fd, data[i * 5120:(i + 1) * 5120])
+    finally:
+        os.close(fd)
+    assert (mnt.path / "f").read_bytes() == data
+    assert log.read_text().count("<- WRITE ") == 8
+
+
+@pytest.mark.parametrize("where", ["local-ext4", "smb-xfs"])
+def test_a_reader_sees_what_a_write_only_opener_wrote(where, mount_on):
+    """Writes of a write-only handle go around the kernel's page cache: the pages another opener
+    has cached over them must go, while the writer still holds the file open."""
+    mnt = mount_on(where, ["attr_timeout=60", "entry_timeout=60"])
+    (mnt.path / "f").write_bytes(b"a" * 20000)
+    with open(mnt.path / "f", "rb") as reader:
+        assert reader.read() == b"a" * 20000  # cached now
+        fd = os.open(mnt.path / "f", os.O_WRONLY)
+        try:
+            os.pwrite(fd, b"b" * 5000, 3000)
+            os.pwrite(fd, b"c" * 100, 20000)
+            assert os.pread(reader.fileno(), 20100, 0) == b"a" * 3000 + b"b" * 5000 + b"a" * 12000 + b"c" * 100
+        finally:
+            os.close(fd)
+    assert (mnt.backing / "f").read_bytes() == b"a" * 3000 + b"b" * 5000 + b"a" * 12000 + b"c" * 100

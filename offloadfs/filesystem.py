@@ -562,14 +562,19 @@ class Filesystem(Operations):
         Without the writeback cache the kernel appends at the size it holds, which may be older
         than another client's append: the daemon places a handle's appends at the server's end
         (_append_at) instead, and the kernel must keep the data out of its page cache, where it
-        would sit at the place it asked for."""
+        would sit at the place it asked for.  A write-only handle goes around the page cache too:
+        through it the kernel ends a WRITE at every page it fills in part (two for most writes of
+        `tar x`, which writes 10 KiB records cut at 512-byte headers) and copies the data once
+        more; around it, each write(2) is one WRITE, and the kernel drops the pages it had cached
+        over what was written (6.18), so other openers read what was written."""
         fh = next(self._fhs)
         backend = inode.source.backend
         backing = backend.backing_fd(file) if self.passthrough and isinstance(backend, Passthrough) else None
         append = backing is None and bool(flags & os.O_APPEND)
+        write_only = backing is None and flags & os.O_ACCMODE == os.O_WRONLY  # never so with the writeback cache
         self.handles[fh] = Handle(inode, file, passthrough=backing is not None, append=append)
         inode.passthrough += backing is not None
-        return Opened(fh, backing_fd=backing, keep_cache=keep_cache, direct_io=append)
+        return Opened(fh, backing_fd=backing, keep_cache=keep_cache, direct_io=append or write_only)
 
     async def open(self, ctx, nodeid, flags, kill_suidgid):
         """Close-to-open: the name still leads to the file, its attributes come from the server,
