@@ -709,7 +709,7 @@ class Filesystem(Operations):
     async def write(self, ctx, nodeid, fh, offset, data, kill_suidgid):
         h = self._handle(fh)
         if h.append:
-            offset = await self._append_at(h, offset, len(data))
+            offset = await self._append_at(h)
         h.inode.data_changes += 1
         if self.recogniser is None or h.inode.source.index not in self.copies_to:
             await self._write_out(h, offset, data)
@@ -721,16 +721,14 @@ class Filesystem(Operations):
             await self._kill_suidgid(h.inode, h.file)
         return len(data)
 
-    async def _append_at(self, h, asked, size):
+    async def _append_at(self, h):
         """Where an append through ``h`` goes: the end of the file as the server has it, once what
         we hold and have in flight for it is there (the NFS client appends at the size it
-        revalidates, so does this).  ``asked``: the kernel's idea of the end; where the data goes
-        elsewhere, the kernel's pages over that range are dropped too."""
+        revalidates, so does this).  The kernel's pages need no notice (one would wait on a page
+        lock that a READ we have yet to answer may hold): it caches none past the end it knows,
+        and drops the one holding that end after the write, which went around the page cache."""
         await self._settle(h.inode)
-        end = (await self._getattr(h.inode, h.file)).size
-        if end != asked and self.kernel is not None:
-            self.kernel.notify_inval_inode(h.inode.nodeid, end, size)
-        return end
+        return (await self._getattr(h.inode, h.file)).size
 
     async def _write_out(self, h, offset, data):
         """A plain write: to a remote file it goes behind (writebehind.py); a local file's (one
