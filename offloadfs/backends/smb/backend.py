@@ -345,14 +345,9 @@ class SMBBackend(Capabilities, Backend):
         """Through a handle where the node has one: an open file keeps its attributes once unlinked."""
         if file is not None:
             return self._stat(await self._file_attributes(file))
-        while node.files:
-            borrowed = next(iter(node.files))
-            try:
-                return self._stat(await self._file_attributes(borrowed))
-            except OSError as e:
-                # Released while we asked (the kernel does not wait for a release): ask another way.
-                if e.errno != errno.EBADF or borrowed in node.files:
-                    raise
+        a = await self._borrowing(None, node, list(node.files)[:1], self._file_attributes)
+        if a is not None:
+            return self._stat(a)
         a = await self._by_name(node, self._attributes)
         if not _same(node, a):
             raise OSError(errno.ESTALE, f"{node.path}: replaced by another file")
