@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 U32, U64 = 1 << 32, 1 << 64
 LLONG_MAX = (1 << 63) - 1
 NS = 1_000_000_000
+TIME_MIN, TIME_END = -(1 << 63) * NS, (LLONG_MAX + 1) * NS  # seconds must fit the kernel's s64
 RACY_NS = NS  # see DirCache: more than any server's timestamp step, and some clock skew
 BARE_SHARE = 8  # READDIRPLUS lists again once over 1/8 of a listing's items came without attributes
 ABSENT_MAX = 1024  # names a directory keeps as absent (DirCache.absent); past that, the expired go
@@ -33,7 +34,15 @@ FILE_TYPES = frozenset({stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK, stat.S_IFCHR, 
 
 
 def problem(st, fmt=None):
-    """What is impossible about ``st`` (for a node of type ``fmt``, if known), or None."""
+    """What is impossible about ``st`` (for a node of type ``fmt``, if known), or None.  Every entry
+    of a listing passes here: the common case is one expression, the reasons are looked for after."""
+    kind = st.mode & 0o170000
+    if (0 <= st.size <= LLONG_MAX and 0 <= st.ino < U64 and 0 <= st.blocks < U64 and 0 <= st.mode < U32
+            and 0 <= st.nlink < U32 and 0 <= st.uid < U32 and 0 <= st.gid < U32 and 0 <= st.rdev < U32
+            and 0 <= st.blksize < U32 and kind in FILE_TYPES and (fmt is None or kind == fmt)
+            and TIME_MIN <= st.atime_ns < TIME_END and TIME_MIN <= st.mtime_ns < TIME_END
+            and TIME_MIN <= st.ctime_ns < TIME_END):
+        return None
     if not 0 <= st.size <= LLONG_MAX:
         return f"size {st.size}"
     for name in ("ino", "blocks"):
@@ -47,7 +56,7 @@ def problem(st, fmt=None):
     if fmt is not None and stat.S_IFMT(st.mode) != fmt:
         return f"mode {st.mode:#o}: the file was of type {fmt:#o}"
     for name in ("atime_ns", "mtime_ns", "ctime_ns"):
-        if not -(1 << 63) <= getattr(st, name) // NS <= LLONG_MAX:
+        if not TIME_MIN <= getattr(st, name) < TIME_END:
             return f"{name} {getattr(st, name)}"
     return None
 
@@ -80,10 +89,10 @@ class AttrCache:
             return None
         return inode.stat
 
-    def store(self, where, inode, st, since=None):
-        """Keep ``st`` (checked) for attr_timeout from ``since`` (monotonic: when the server gave
-        it, if not just now)."""
-        inode.stat = check(where, st, inode.fmt)
+    def store(self, where, inode, st, since=None, checked=False):
+        """Keep ``st`` (checked, unless ``checked`` says it passed ``check`` already: then only its type
+        is compared) for attr_timeout from ``since`` (monotonic: when the server gave it, if not just now)."""
+        inode.stat = st if checked and st.mode & 0o170000 == inode.fmt else check(where, st, inode.fmt)
         inode.stat_since = time.monotonic() if since is None else since
         inode.stat_expiry = inode.stat_since + self.timeout
         return st

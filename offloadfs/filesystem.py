@@ -230,8 +230,8 @@ class Filesystem(Operations):
         path = self._path(inode) + ("/" + os.fsdecode(name) if name else "")
         return f"{inode.source.backend.url} ({path or '/'})"
 
-    def _cache(self, inode, st, since=None):
-        return self.cache.store(lambda: self._where(inode), inode, st, since)
+    def _cache(self, inode, st, since=None, checked=False):
+        return self.cache.store(lambda: self._where(inode), inode, st, since, checked)
 
     def _stale(self, inode):
         self.cache.drop(inode)
@@ -256,7 +256,7 @@ class Filesystem(Operations):
             source.backend.forget(node)  # the same file again: keep the node we have
         if stat.S_ISDIR(st.mode) or st.nlink == 1:
             self._drop_other_names(inode, (parent.nodeid, name))
-        self._cache(inode, st, since)  # refuses a known file whose type changed: nothing is handed out
+        self._cache(inode, st, since, checked=True)  # refuses a known file whose type changed: nothing is handed out
         inode.lookups += 1
         self._name(parent, name, inode)
         return Entry(inode.nodeid, self._attr(inode, st), self.options.entry_timeout, self._ttl(inode))
@@ -409,7 +409,7 @@ class Filesystem(Operations):
             landed = self.behind.landed(inode)
             st = check(lambda: self._where(inode), await inode.source.backend.getattr(inode.node, file), inode.fmt)
             if self.behind.landed(inode) == landed:
-                return self._cache(inode, st)
+                return self._cache(inode, st, checked=True)
             # A write began and landed meanwhile (another thread of the writer): not kept, and as big.
             st = dataclasses.replace(st, size=max(st.size, self.behind.landed_end(inode)))
         return st
