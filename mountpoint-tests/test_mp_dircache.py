@@ -204,3 +204,44 @@ def test_a_listing_brings_the_directory_version_it_is_kept_by(mount_on):
         closes = after["smb_requests"]["CLOSE"] - before["smb_requests"].get("CLOSE", 0)
         return closes and after["smb_round_trips"] - before["smb_round_trips"]
     assert _wait_for(trips, 5) == 2
+
+
+def _listed_then_aged(mnt):
+    """A tree listed once (`ls -lR`, attributes and all), then left past attr_timeout unchanged."""
+    _tree(mnt.backing)
+    time.sleep(1.1)  # else the listings are "racy" (cache.RACY_NS), and fetched again whatever the version
+    subprocess.run(["ls", "-lR", mnt.path], check=True, capture_output=True, timeout=60)
+    time.sleep(1.5)  # attr_timeout=1: the listings and every attribute in them are old now
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_a_find_past_attr_timeout_lists_no_unchanged_directory_of_files_again(where, mount_on):
+    """`find` wants names only: a directory of files whose version is unchanged answers from its
+    listing.  The top one, all subdirectories, is listed again: that brings their versions."""
+    mnt = mount_on(where)
+    _listed_then_aged(mnt)
+    listed = _counter(mnt, "listings")
+    assert len(_find(mnt.path)) == 1 + 3 + 15
+    assert _counter(mnt, "listings") <= listed + 1
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_a_walk_that_stats_after_a_find_sees_fresh_attributes_listing_each_directory_once(where, mount_on):
+    """After `find` got names only, `ls -l` and `stat` still see what another client wrote (a file's
+    size moves its directory's version not at all), and `ls -l` fetches its directory's listing once
+    rather than asking for each file."""
+    mnt = mount_on(where)
+    _listed_then_aged(mnt)
+    (mnt.backing / "d1" / "f2").write_bytes(b"z" * 5000)
+    os.truncate(mnt.backing / "d2" / "f3", 0)
+    _find(mnt.path)
+    listed, looked_up = _counter(mnt, "listings"), _counter(mnt, "lookups")
+    sizes = _ls_sizes(mnt.path / "d1")
+    assert sizes == {f"f{f}": 5000 if f == 2 else f + 1 for f in range(5)}
+    assert _counter(mnt, "listings") <= listed + 1
+    if not where.startswith("local"):
+        assert _counter(mnt, "lookups") == looked_up
+    assert os.stat(mnt.path / "d2" / "f3").st_size == 0
+    out = subprocess.run(["du", "-ab", mnt.path], check=True, capture_output=True, text=True, timeout=60).stdout
+    du = {os.path.relpath(line.split("\t")[1], mnt.path): int(line.split("\t")[0]) for line in out.splitlines()}
+    assert du["d1/f2"] == 5000 and du["d2/f3"] == 0 and du["d0/f4"] == 5

@@ -360,6 +360,10 @@ class Filesystem(Operations):
         if name not in listing.items:  # the kernel keeps the answer too, for what is left of the listing's time
             return self._no_entry(self.dircache.ttl(inode))
         listed = self._listed(inode, name, listing)
+        if listed is None and listing.named:
+            relisted = await self._listing_for_stats(inode)
+            if relisted is not None and relisted is not listing:
+                return await self._lookup_listed(inode, name, relisted)
         if listed is not None:
             return self._entry(inode, name, *listed, listing.fetched)
         try:
@@ -416,11 +420,37 @@ class Filesystem(Operations):
 
     async def getattr(self, ctx, nodeid, fh):
         inode = self._inode(nodeid)
-        if inode.unread and inode.source is not None and self.cache.fresh(inode) is None:
-            await self._list_ahead(inode)
+        if inode.source is not None and self.cache.fresh(inode) is None:
+            if inode.unread:
+                await self._list_ahead(inode)
+            else:
+                await self._attributes_listed(inode)
         file = self.handles[fh].file if fh in self.handles else None
         st = await self._getattr(inode, file)
         return self._attr(inode, st), self._ttl(inode)
+
+    async def _attributes_listed(self, inode):
+        """A file's attributes from its directory's listing, where that has them fresh; after a
+        READDIRPLUS of names alone, the walk that stats the files lists the directory once (see
+        _listing_for_stats).  Not that for a directory: a path walk through one asks for its
+        attributes (a permission check), which must not cost its parent a listing."""
+        dir = inode.parent
+        if (dir is None or self.dentries.get((dir.nodeid, inode.name)) is not inode or inode.passthrough
+                or self.behind.end(inode)):
+            return
+        listing = self.dircache.fresh(dir, stats=True)
+        if listing is None:
+            held = self.dircache.fresh(dir)
+            if held is None or not held.named or inode.fmt == stat.S_IFDIR:
+                return
+            listing = await self._listing_for_stats(dir)
+            if listing is None or listing is held:
+                return
+        if inode.name not in listing.items:
+            return
+        listed = self._listed(dir, inode.name, listing)
+        if listed is not None and self.by_key.get((dir.source.index, dir.source.backend.identity(*listed))) is inode:
+            self._cache(inode, listed[1], listing.fetched)
 
     async def setattr(self, ctx, nodeid, ch):
         self._writable()
@@ -889,7 +919,12 @@ class Filesystem(Operations):
         """Each entry with its lookup, from the listing where it carried the attributes."""
         entries = await self.readdir(ctx, nodeid, fh, offset, plus=True)
         inode = self._inode(nodeid)
-        listing = None if inode.source is None else self.dircache.fresh(inode, stats=True)
+        listing = named = None
+        if inode.source is not None:
+            listing = self.dircache.fresh(inode, stats=True)
+            named = None if listing is not None else self.dircache.fresh(inode)
+            if named is not None:
+                named.named = True
         out = []
         for d in entries:
             if not fits(d.name):
@@ -897,7 +932,8 @@ class Filesystem(Operations):
             entry = None
             if d.name not in (b".", b".."):
                 try:
-                    entry = await self._plus_entry(ctx, inode, d.name, listing)
+                    entry = (self._named_entry(inode, d.name, named) if named is not None else
+                             await self._plus_entry(ctx, inode, d.name, listing))
                 except FileNotFoundError:
                     pass  # vanished since listed: a zero entry tells the kernel nothing
                 if entry is not None and entry.nodeid == 0:
@@ -917,6 +953,22 @@ class Filesystem(Operations):
         check_name(name)
         return await self._lookup_listed(dir, name, listing)
 
+    def _named_entry(self, dir, name, listing):
+        """The READDIRPLUS entry of ``name`` from a listing valid by its version whose attributes
+        are past attr_timeout.  A directory the kernel holds by that name gets its node, with the
+        attributes it was last handed and only what is left of their time (the kernel asks again
+        past that), so that a walk enters it without a lookup.  Anything else gets a bare name
+        (None), which costs least and which the kernel looks up when it needs more; so does a
+        directory whose attributes we dropped for a change of ours."""
+        known = self.dentries.get((dir.nodeid, name))
+        item = listing.items.get(name)
+        if (known is None or known.fmt != stat.S_IFDIR or item is None or known.ino != item.ino
+                or known.stat is None or known.stat_expiry == 0.0):
+            return None
+        known.lookups += 1
+        return Entry(known.nodeid, self._attr(known, known.stat),
+                     min(self.options.entry_timeout, self.dircache.ttl(dir)), self._ttl(known))
+
     async def _listing(self, inode, plus):
         dots = [(b".", self._ino_of(inode), 4), (b"..", ROOT, 4)]  # d_ino 0 would hide ".."
         if inode.source is None:
@@ -935,9 +987,11 @@ class Filesystem(Operations):
         held = inode.listing
         if held is None and relist_within is not None:
             return None
-        if held is not None and not held.racy and held.version is not None and not (stats and held.stats):
-            st = self._cache(inode, await inode.source.backend.getattr(inode.node))
-            listing = self.dircache.revalidate(inode, st)
+        names = stats and held is not None and held.stats and self.dircache.names_will_do(held)
+        if held is not None and not held.racy and held.version is not None and (not (stats and held.stats) or names):
+            listing = self.dircache.fresh(inode) if names else None
+            if listing is None:
+                listing = await self._revalidate(inode)
             if listing is not None:
                 return listing
         if relist_within is not None and (held is None or len(held.items) > relist_within):
@@ -949,6 +1003,26 @@ class Filesystem(Operations):
         if not self.cache.newer_than(inode, before, asked):  # unless we changed the directory meanwhile
             self._cache(inode, before, asked)
         return self.dircache.store(inode, before, items, asked, changes)
+
+    async def _revalidate(self, inode):
+        """The directory's listing if its version is unchanged, by the attributes we hold while they
+        are fresh (a lookup or listing of its parent just brought them), else by asking."""
+        st = self.cache.fresh(inode)
+        if st is not None:
+            return self.dircache.revalidate(inode, st, inode.stat_since)
+        return self.dircache.revalidate(inode, self._cache(inode, await inode.source.backend.getattr(inode.node)))
+
+    async def _listing_for_stats(self, dir):
+        """The kernel asks about a file of ``dir`` after READDIRPLUS gave it names alone: a walk
+        stats what it lists (``ls -l``, ``du``).  One listing brings the attributes of all its files,
+        and the walk's next directories bring theirs with their names (cache.DirCache).  None if
+        the listing failed: the file is then asked about alone."""
+        self.dircache.statting()
+        try:
+            return await self._valid_listing(dir, stats=True)
+        except OSError as e:
+            log.debug("%s: listing for attributes: %s", self._where(dir), e)
+            return None
 
     async def releasedir(self, ctx, nodeid, fh):
         h = self.handles.pop(fh, None)

@@ -174,6 +174,37 @@ def test_readdirplus_lists_again_once_many_entries_were_made_here():
     assert cache.fresh(d, stats=True) is None
 
 
+def test_readdirplus_answers_with_names_until_a_walk_stats_what_it_lists():
+    """`find` needs names only; the first file asked about after names alone says a walk wants the
+    attributes (`ls -l`, `du`), and READDIRPLUS brings them for attr_timeout after."""
+    cache, d = DirCache(1.0), _Dir()
+    listing = cache.store(d, OLD_DIR, [DirItem(b"f%d" % i, 10 + i, 8, stat=GOOD) for i in range(40)])
+    assert cache.names_will_do(listing)
+    cache.statting()
+    assert not cache.names_will_do(listing)
+    cache.statting_until = time.monotonic() - 0.1
+    assert cache.names_will_do(listing)
+
+
+def test_a_listing_of_subdirectories_is_fetched_again_for_their_versions():
+    cache, d = DirCache(1.0), _Dir()
+    listing = cache.store(d, OLD_DIR, [DirItem(b"f%d" % i, 10 + i, 8, stat=GOOD) for i in range(40)])
+    cache.added(d, DirItem(b"sub", 9, 4))
+    assert listing.dirs == 1 and cache.names_will_do(listing)
+    cache.added(d, DirItem(b"sub2", 8, 4))
+    assert not cache.names_will_do(listing)  # two round trips saved cost more than its 42 entries
+    cache.removed(d, b"sub")
+    assert listing.dirs == 1 and cache.names_will_do(listing)
+
+
+def test_a_revalidation_by_older_attributes_keeps_the_listing_only_as_long_as_they_last():
+    cache, d = DirCache(1.0), _Dir()
+    listing = cache.store(d, OLD_DIR, [DirItem(b"a", 3, 8)])
+    listing.expiry = 0.0
+    assert cache.revalidate(d, OLD_DIR, time.monotonic() - 0.8) is listing
+    assert listing.expiry - time.monotonic() <= 0.2
+
+
 def test_an_absent_name_answers_until_we_make_it_or_the_directory_changes():
     cache, d = DirCache(1.0), _Dir()
     cache.absent(d, b"new", time.monotonic(), d.dir_changes)
