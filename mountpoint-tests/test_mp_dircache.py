@@ -9,6 +9,7 @@ import errno
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -245,3 +246,15 @@ def test_a_walk_that_stats_after_a_find_sees_fresh_attributes_listing_each_direc
     out = subprocess.run(["du", "-ab", mnt.path], check=True, capture_output=True, text=True, timeout=60).stdout
     du = {os.path.relpath(line.split("\t")[1], mnt.path): int(line.split("\t")[0]) for line in out.splitlines()}
     assert du["d1/f2"] == 5000 and du["d2/f3"] == 0 and du["d0/f4"] == 5
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_a_listing_outlives_the_kernel_forgetting_its_directory(where, mount_on):
+    """drop_caches (or memory pressure) makes the kernel forget the directories it is not using; the
+    daemon keeps their listings, which revalidate as before once the kernel looks them up again."""
+    mnt = mount_on(where)
+    _listed_then_aged(mnt)
+    Path("/proc/sys/vm/drop_caches").write_text("2\n")
+    listed = _counter(mnt, "listings")
+    assert len(_find(mnt.path)) == 1 + 3 + 15
+    assert _counter(mnt, "listings") <= listed + 1

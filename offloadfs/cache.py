@@ -14,6 +14,7 @@ bad for the rest of the mount when handed an impossible attribute (a size
 past LLONG_MAX, a type that changed), so one bad reply fails one request with
 EIO, is never cached, and never reaches the kernel.
 """
+import collections
 import errno
 import logging
 import stat
@@ -32,6 +33,7 @@ BARE_SHARE = 8  # READDIRPLUS lists again once over 1/8 of a listing's items cam
 # of 100 files took 0.14 s listing each again, 0.08 s asking each for its attributes (1 ms a round trip).
 ENTRIES_A_ROUND_TRIP = 32
 DT_DIR = stat.S_IFDIR >> 12
+KEPT_ITEMS = 32768  # entries of the listings kept for directories the kernel forgot (DirCache.forgotten)
 ABSENT_MAX = 1024  # names a directory keeps as absent (DirCache.absent); past that, the expired go
 FILE_TYPES = frozenset({stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK, stat.S_IFCHR, stat.S_IFBLK,
                         stat.S_IFIFO, stat.S_IFSOCK})
@@ -184,6 +186,27 @@ class DirCache:
     def __init__(self, timeout):
         self.timeout = timeout
         self.statting_until = 0.0  # monotonic: a walk stats the files it lists (see statting)
+        self._kept = collections.OrderedDict()  # key -> Listing of a directory the kernel forgot
+        self._kept_items = 0
+
+    def forgotten(self, key, listing):
+        """The kernel forgot the directory of identity ``key`` (memory pressure, drop_caches), which
+        held ``listing``: kept, the last forgotten first, up to KEPT_ITEMS entries in all, for when
+        the kernel looks it up again; it revalidates by its version as before."""
+        if listing is None or listing.version is None:
+            return
+        self.recalled(key)
+        self._kept[key] = listing
+        self._kept_items += len(listing.items)
+        while self._kept_items > KEPT_ITEMS:
+            self._kept_items -= len(self._kept.popitem(last=False)[1].items)
+
+    def recalled(self, key):
+        """The listing kept for the directory of identity ``key``, or None; it is kept no more."""
+        listing = self._kept.pop(key, None)
+        if listing is not None:
+            self._kept_items -= len(listing.items)
+        return listing
 
     def fresh(self, inode, stats=False):
         """The listing while it may answer without asking, or None.  With ``stats`` (READDIRPLUS),

@@ -252,6 +252,8 @@ class Filesystem(Operations):
             inode = Inode(next(self._nodeids), source, node, key, st.ino, stat.S_IFMT(st.mode))
             self.inodes[inode.nodeid] = inode
             self.by_key[key] = inode
+            if inode.fmt == stat.S_IFDIR:
+                inode.listing = self.dircache.recalled(key)
         elif node is not inode.node:
             source.backend.forget(node)  # the same file again: keep the node we have
         if stat.S_ISDIR(st.mode) or st.nlink == 1:
@@ -319,6 +321,8 @@ class Filesystem(Operations):
         if inode.lookups <= 0 and not inode.pinned:
             del self.inodes[nodeid]
             self.by_key.pop(inode.key, None)
+            if inode.fmt == stat.S_IFDIR:
+                self.dircache.forgotten(inode.key, inode.listing)
             for key in inode.names:
                 if self.dentries.get(key) is inode:
                     del self.dentries[key]

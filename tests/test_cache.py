@@ -236,3 +236,16 @@ def test_a_listing_does_not_hand_out_attributes_older_than_ours():
     AttrCache.drop(f)  # we wrote to it
     assert AttrCache.newer_than(f, GOOD, listed_at)
     assert not AttrCache.newer_than(f, GOOD, time.monotonic())  # a listing after the write
+
+
+def test_listings_of_forgotten_directories_are_kept_within_a_bound(monkeypatch):
+    monkeypatch.setattr("offloadfs.cache.KEPT_ITEMS", 3)
+    cache, a, b = DirCache(1.0), _Dir(), _Dir()
+    first = cache.store(a, OLD_DIR, [DirItem(b"x", 3, 8), DirItem(b"y", 4, 8)])
+    cache.forgotten("a", first)
+    cache.forgotten("b", cache.store(b, OLD_DIR, [DirItem(b"z", 5, 8), DirItem(b"w", 6, 8)]))
+    assert cache.recalled("a") is None  # the first forgotten went first
+    assert list(cache.recalled("b").items) == [b"z", b"w"] and cache.recalled("b") is None
+    cache.added(a, DirItem(b"new", 7, 8))
+    cache.forgotten("a", a.listing)  # changed by us since: its version says nothing
+    assert cache.recalled("a") is None
