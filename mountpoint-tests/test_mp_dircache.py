@@ -258,3 +258,22 @@ def test_a_listing_outlives_the_kernel_forgetting_its_directory(where, mount_on)
     listed = _counter(mnt, "listings")
     assert len(_find(mnt.path)) == 1 + 3 + 15
     assert _counter(mnt, "listings") <= listed + 1
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_a_find_that_looks_up_a_forgotten_subdirectory_lists_nothing_again(where, mount_on):
+    """A directory of many files and one subdirectory the kernel forgot: find looks the subdirectory
+    up by name, which asks for it alone and does not take find for a walk that stats its files."""
+    mnt = mount_on(where)
+    for i in range(40):
+        (mnt.backing / f"f{i}").write_bytes(b"x")
+    (mnt.backing / "sub").mkdir()
+    for i in range(3):
+        (mnt.backing / "sub" / f"g{i}").write_bytes(b"y")
+    time.sleep(1.1)  # not "racy" (cache.RACY_NS)
+    subprocess.run(["ls", "-lR", mnt.path], check=True, capture_output=True, timeout=60)
+    time.sleep(1.5)
+    Path("/proc/sys/vm/drop_caches").write_text("2\n")
+    listed = _counter(mnt, "listings")
+    assert len(_find(mnt.path)) == 1 + 40 + 1 + 3
+    assert _counter(mnt, "listings") == listed

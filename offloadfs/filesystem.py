@@ -24,7 +24,7 @@ import trio
 
 from .backends.base import CALLER, Allocate, Caller, DirItem, Passthrough, SeekData, Stat
 from .backends.parallel import together
-from .cache import AttrCache, DirCache, Listing, check, dtype
+from .cache import DT_DIR, AttrCache, DirCache, Listing, check, dtype
 from .fuse.operations import DirEntry, Entry, Operations, Opened
 from .planner import Endpoint, Planner, plan
 from .recognise import Recogniser
@@ -364,7 +364,7 @@ class Filesystem(Operations):
         if name not in listing.items:  # the kernel keeps the answer too, for what is left of the listing's time
             return self._no_entry(self.dircache.ttl(inode))
         listed = self._listed(inode, name, listing)
-        if listed is None and listing.named:
+        if listed is None and listing.named and listing.items[name].type != DT_DIR:  # see _attributes_listed
             relisted = await self._listing_for_stats(inode)
             if relisted is not None and relisted is not listing:
                 return await self._lookup_listed(inode, name, relisted)
