@@ -94,6 +94,20 @@ def test_dd(anywhere, bs):
     assert_offloaded(mnt, mnt.size)
 
 
+def test_dd_of_zeros_after_reading_zeros_is_one_copy(mnt):
+    """Every block of zeros has one digest, and the block served last (here the file's end, read
+    again) would answer for all: a run a block.  Matched at the write's own offset, it is one."""
+    (mnt.backing / "zeros").write_bytes(bytes(8 * MiB))
+    sh("cat", mnt.path / "zeros")
+    sh("dd", f"if={mnt.path / 'zeros'}", "of=/dev/null", "bs=64k", f"skip={8 * MiB // 65536 - 1}", "count=1",
+       "iflag=direct", "status=none")
+    before = sum(mnt.counters()["copies"].values())
+    sh("dd", "if=/dev/zero", f"of={mnt.path / 'dst'}", "bs=1M", "count=8", "status=none")
+    assert (mnt.backing / "dst").read_bytes() == bytes(8 * MiB)
+    assert_offloaded(mnt, 8 * MiB)
+    assert sum(mnt.counters()["copies"].values()) - before == 1
+
+
 def test_tar_through_a_pipe(anywhere):
     mnt = anywhere
     (mnt.backing / "tree").mkdir()

@@ -83,7 +83,7 @@ class Served:
         self.limit = limit
         self.by_digest = OrderedDict()
         self.samples = collections.Counter()  # sample -> blocks in by_digest that have it
-        self.at = {}  # (source, offset) -> Block
+        self.at = OrderedDict()  # (source, offset) -> Block, the last served last; at most twice limit
         self.parts = OrderedDict()  # (source, block offset) -> (version, {offset: bytes}, where the block ends)
 
     def add(self, source, ver, offset, data, eof):
@@ -141,7 +141,10 @@ class Served:
             self.samples[block.sample] += 1
         self.by_digest[block.digest] = block
         self.by_digest.move_to_end(block.digest)
+        self.at.pop((block.source, block.offset), None)
         self.at[(block.source, block.offset)] = block
+        while len(self.at) > 2 * self.limit:  # blocks of bytes served since from elsewhere (zeros) stay here
+            self.at.popitem(last=False)
         while len(self.by_digest) > self.limit:
             gone = next(iter(self.by_digest.values()))
             self._drop(gone)
@@ -154,9 +157,12 @@ class Served:
         if not self.samples[block.sample]:
             del self.samples[block.sample]
 
-    def find(self, data, next_to=None):
-        """The served block of the bytes ``data``; ``next_to`` ((source, offset)) is asked first, so
-        that a run from one file goes on there rather than jumping to another file with the same bytes."""
+    def find(self, data, next_to=None, offset=None):
+        """The served block of the bytes ``data``, written at ``offset``.  ``next_to`` ((source,
+        offset)) is asked first, so that a run from one file goes on there rather than jumping to
+        another file with the same bytes; then the block at ``offset`` in the file that served those
+        bytes last, as cp-like tools copy to the same offsets, so that a file of one repeated block
+        (zeros) makes one run, not a run a block from wherever that block was served last."""
         if sample(data) not in self.samples:
             return None
         hashed, length = digest(data), len(data)
@@ -165,7 +171,13 @@ class Served:
             if block is not None and block.digest == hashed and block.length == length:
                 return block
         block = self.by_digest.get(hashed)
-        return block if block is not None and block.length == length else None
+        if block is None or block.length != length:
+            return None
+        if offset is not None and block.offset != offset:
+            same = self.at.get((block.source, offset))
+            if same is not None and same.digest == hashed and same.length == length:
+                return same
+        return block
 
 
 @dataclass(slots=True)
@@ -327,7 +339,7 @@ class Recogniser:
             last = p.runs[-1]
             if last.dst + last.length == dst:
                 next_to = (last.source, last.src + last.length)
-        served = self.served.find(data, next_to)
+        served = self.served.find(data, next_to, dst)
         return None if served is None or served.source == p.key else served
 
     def _hold(self, p, dst, data, served):
