@@ -191,8 +191,8 @@ class DirCache:
 
     def forgotten(self, key, listing):
         """The kernel forgot the directory of identity ``key`` (memory pressure, drop_caches), which
-        held ``listing``: kept, the last forgotten first, up to KEPT_ITEMS entries in all, for when
-        the kernel looks it up again; it revalidates by its version as before."""
+        held ``listing``: kept for when the kernel looks it up again (it revalidates by its version as
+        before), up to KEPT_ITEMS entries in all, the longest forgotten going first."""
         if listing is None or listing.version is None:
             return
         self.recalled(key)
