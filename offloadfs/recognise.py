@@ -166,18 +166,12 @@ class Served:
         if sample(data) not in self.samples:
             return None
         hashed, length = digest(data), len(data)
-        if next_to is not None:
-            block = self.at.get(next_to)
-            if block is not None and block.digest == hashed and block.length == length:
-                return block
         block = self.by_digest.get(hashed)
-        if block is None or block.length != length:
-            return None
-        if offset is not None and block.offset != offset:
-            same = self.at.get((block.source, offset))
-            if same is not None and same.digest == hashed and same.length == length:
-                return same
-        return block
+        for place in (next_to, None if block is None else (block.source, offset)):
+            here = self.at.get(place)
+            if here is not None and here.digest == hashed and here.length == length:
+                return here
+        return block if block is not None and block.length == length else None
 
 
 @dataclass(slots=True)
