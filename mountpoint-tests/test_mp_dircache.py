@@ -227,6 +227,20 @@ def test_a_find_past_attr_timeout_lists_no_unchanged_directory_of_files_again(wh
 
 
 @pytest.mark.parametrize("where", WHERE)
+def test_a_find_past_attr_timeout_reads_unchanged_directories_from_the_kernels_cache(where, mount_on):
+    """An unchanged directory's names, as the kernel read them last, answer `find` from the kernel's
+    own cache (no READDIR reaches the daemon); one another client changed is read again and shows
+    the change.  The top one, listed again for its subdirectories' versions, is read again too."""
+    mnt = mount_on(where)
+    _listed_then_aged(mnt)
+    (mnt.backing / "d1" / "new").write_bytes(b"n")
+    read = _counter(mnt, "dir_reads")
+    found = _find(mnt.path)
+    assert str(mnt.path / "d1" / "new") in found and len(found) == 1 + 3 + 15 + 1
+    assert _counter(mnt, "dir_reads") - read <= 2 + 2  # the top and d1: READDIRPLUS, then READDIR at the end
+
+
+@pytest.mark.parametrize("where", WHERE)
 def test_a_walk_that_stats_after_a_find_sees_fresh_attributes_listing_each_directory_once(where, mount_on):
     """After `find` got names only, `ls -l` and `stat` still see what another client wrote (a file's
     size moves its directory's version not at all), and `ls -l` fetches its directory's listing once

@@ -35,6 +35,7 @@ ENTRIES_A_ROUND_TRIP = 32
 DT_DIR = stat.S_IFDIR >> 12
 KEPT_ITEMS = 32768  # entries of the listings kept for directories the kernel forgot (DirCache.forgotten)
 ABSENT_MAX = 1024  # names a directory keeps as absent (DirCache.absent); past that, the expired go
+MIXED = "mixed"  # see DirCache.kernel_read: the kernel's cache of a directory's names may hold several listings
 FILE_TYPES = frozenset({stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK, stat.S_IFCHR, stat.S_IFBLK,
                         stat.S_IFIFO, stat.S_IFSOCK})
 
@@ -245,6 +246,32 @@ class DirCache:
                 inode.absent = None  # changed by someone else: those names may be there now
             return None
         listing.expiry = (time.monotonic() if since is None else since) + self.timeout
+        return listing
+
+    @staticmethod
+    def kernel_read(inode, listing, offset):
+        """The kernel read the entries of ``listing`` from ``offset`` on, and keeps them in its cache of
+        the directory's names (FOPEN_CACHE_DIR; emptied at every open we do not let it keep them,
+        held in the Inode's ``kernel_listing``).  That cache holds one listing only if every read
+        since it was emptied came from one listing, starting at the top; else it is MIXED, never
+        kept again until emptied."""
+        if inode.kernel_listing is None and offset == 0:
+            inode.kernel_listing = listing
+        elif inode.kernel_listing is not listing:
+            inode.kernel_listing = MIXED
+
+    def kernel_may_keep(self, inode):
+        """The listing the kernel's cache of names was read from, if it is the one we hold and would
+        answer READDIRPLUS now, or once its version is checked, with no more than those names: its
+        attributes are fresh (lookups answer from them), or old and no walk stats files
+        (names_will_do); else None."""
+        listing = inode.kernel_listing
+        if listing is not inode.listing or listing is None:
+            return None
+        if self.fresh(inode, stats=True) is listing:
+            return listing
+        if listing.racy or listing.version is None or (listing.stats and not self.names_will_do(listing)):
+            return None  # fetched again, not revalidated (see FileSystem._valid_listing)
         return listing
 
     def names_will_do(self, listing):

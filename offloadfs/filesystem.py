@@ -85,6 +85,7 @@ class Inode:
     names: set = field(default_factory=set)  # (parent nodeid, name) the kernel may hold for it
     passthrough: int = 0  # handles open in passthrough: the kernel writes them without us
     listing: Listing | None = None  # directories: see cache.DirCache
+    kernel_listing: object = None  # directories: what the kernel's cache of its names holds (DirCache.kernel_read)
     dir_changes: int = 0  # directories: how many changes we made to it (cache.DirCache.store)
     unread: int = 0  # directories: handles opened and not read yet (see getattr)
     absent: dict | None = None  # directories: names the server said are not there (cache.DirCache)
@@ -99,6 +100,7 @@ class Handle:
     file: object = None
     caller: Caller = field(default_factory=CALLER.get)  # who opened it: its requests act for them
     listing: list = field(default_factory=list)  # directories: the snapshot readdir pages through
+    snapshot_of: Listing | None = None  # directories: the listing that snapshot was taken from
     unread: bool = False  # directories: opened, not read yet
     passthrough: bool = False
     append: bool = False  # opened O_APPEND, the kernel's cache aside: its writes go to the server's end
@@ -885,10 +887,33 @@ class Filesystem(Operations):
 
     async def opendir(self, ctx, nodeid, flags):
         inode = self._inode(nodeid)
+        keep = inode.source is not None and await self._kernel_keeps_names(inode)
+        if not keep:
+            inode.kernel_listing = None  # the kernel empties its cache of the names
         fh = next(self._fhs)
         self.handles[fh] = Handle(inode, unread=True)
         inode.unread += 1
-        return Opened(fh)
+        return Opened(fh, keep_cache=keep, cache_dir=inode.source is not None)
+
+    async def _kernel_keeps_names(self, inode):
+        """True if the kernel may answer this open's reads from the names it cached (DirCache.
+        kernel_may_keep): the directory's version is checked here, as a read would, since no read
+        may reach us.  Past attr_timeout, the kernel then has the names without their attributes,
+        as from a READDIRPLUS of names alone (``named``).  `find` over unchanged directories costs
+        an open each, not a READDIRPLUS and a READDIR."""
+        kept = self.dircache.kernel_may_keep(inode)
+        if kept is None:
+            return False
+        if self.dircache.fresh(inode, stats=True) is not kept:
+            try:
+                valid = self.dircache.fresh(inode) or await self._revalidate(inode)
+            except OSError as e:
+                log.debug("%s: checking a listing: %s", self._where(inode), e)
+                return False
+            if valid is not kept or inode.kernel_listing is not kept:
+                return False
+            kept.named = kept.stats
+        return True
 
     @staticmethod
     def _read(h):
@@ -914,8 +939,11 @@ class Filesystem(Operations):
     async def readdir(self, ctx, nodeid, fh, offset, plus=False):
         h = self._handle(fh)
         self._read(h)
+        self.stats.dir_reads += 1
         if offset == 0 or not h.listing:  # a new pass, or a seekdir() on a fresh handle
-            h.listing = await self._listing(h.inode, plus)
+            h.snapshot_of, h.listing = await self._listing(h.inode, plus)
+        if h.snapshot_of is not None:
+            self.dircache.kernel_read(h.inode, h.snapshot_of, offset)
         return [DirEntry(name, ino, dtype, i + 1) for i, (name, ino, dtype) in
                 enumerate(h.listing[offset:], start=offset)]
 
@@ -976,9 +1004,9 @@ class Filesystem(Operations):
     async def _listing(self, inode, plus):
         dots = [(b".", self._ino_of(inode), 4), (b"..", ROOT, 4)]  # d_ino 0 would hide ".."
         if inode.source is None:
-            return dots + [(os.fsencode(s.name), self._ino_of(self.roots[s.index]), 4) for s in self.sources]
+            return None, dots + [(os.fsencode(s.name), self._ino_of(self.roots[s.index]), 4) for s in self.sources]
         listing = await self._valid_listing(inode, stats=plus)
-        return dots + [(i.name, self._ino(inode.source, i.ino), i.type) for i in listing.items.values()]
+        return listing, dots + [(i.name, self._ino(inode.source, i.ino), i.type) for i in listing.items.values()]
 
     async def _valid_listing(self, inode, relist_within=None, stats=False):
         """The directory's listing, revalidated or fetched again as the cache's rules say.  With

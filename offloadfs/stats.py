@@ -43,6 +43,7 @@ class Stats:
         self.listings = 0
         self.lookups = 0
         self.lookups_absent = 0  # lookups the server answered "no such file"
+        self.dir_reads = 0  # READDIR(PLUS) requests: what the kernel did not answer from its own cache
         # Copies recognised in plain writes (recognise.py): bytes found, committed as offloads by
         # method, and held then written after all (source changed, copy failed).
         self.recognised_bytes = 0
@@ -104,6 +105,7 @@ class Stats:
                 "listings": self.listings,
                 "lookups": self.lookups,
                 "lookups_absent": self.lookups_absent,
+                "dir_reads": self.dir_reads,
                 "bytes_kept_off_network": kept_off_network(self.copy_bytes),
                 **added_up(b.counters() for b in backends),
                 "recognised_bytes": self.recognised_bytes,

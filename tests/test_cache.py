@@ -99,6 +99,7 @@ async def test_open_keeps_pages_only_of_a_file_that_did_not_change(tmp_path):
 
 class _Dir:
     listing = None
+    kernel_listing = None
     dir_changes = 0
     absent = None
 
@@ -195,6 +196,37 @@ def test_a_listing_of_subdirectories_is_fetched_again_for_their_versions():
     assert not cache.names_will_do(listing)  # two round trips saved cost more than its 42 entries
     cache.removed(d, b"sub")
     assert listing.dirs == 1 and cache.names_will_do(listing)
+
+
+def test_the_kernel_keeps_the_names_it_read_from_the_listing_we_hold():
+    cache, d = DirCache(1.0), _Dir()
+    listing = cache.store(d, OLD_DIR, [DirItem(b"f%d" % i, 10 + i, 8, stat=GOOD) for i in range(40)])
+    assert cache.kernel_may_keep(d) is None  # it read nothing yet
+    cache.kernel_read(d, listing, 0)
+    cache.kernel_read(d, listing, 20)
+    assert cache.kernel_may_keep(d) is listing
+    listing.fetched -= 2
+    assert cache.kernel_may_keep(d) is listing  # names alone, once the version is checked
+    cache.statting()
+    assert cache.kernel_may_keep(d) is None  # a walk wants the attributes: READDIRPLUS brings them
+    cache.statting_until = 0.0
+    cache.store(d, OLD_DIR, [])
+    assert cache.kernel_may_keep(d) is None  # listed again since
+
+
+def test_the_kernel_keeps_nothing_it_may_have_read_from_two_listings():
+    cache, d = DirCache(1.0), _Dir()
+    first = cache.store(d, OLD_DIR, [DirItem(b"a", 3, 8)])
+    cache.kernel_read(d, first, 0)
+    second = cache.store(d, OLD_DIR, [DirItem(b"b", 4, 8)])
+    cache.kernel_read(d, second, 0)  # another handle read the new one: which did the kernel keep?
+    d.listing = first
+    assert cache.kernel_may_keep(d) is None
+    d.listing = second
+    assert cache.kernel_may_keep(d) is None
+    d.kernel_listing = None  # an open that did not let it keep them emptied its cache
+    cache.kernel_read(d, second, 5)  # a read from the middle of a listing fills no cache from the top
+    assert cache.kernel_may_keep(d) is None
 
 
 def test_a_revalidation_by_older_attributes_keeps_the_listing_only_as_long_as_they_last():

@@ -75,6 +75,7 @@ PASSTHROUGH = 1 << 37
 # fuse_open_out.open_flags
 FOPEN_DIRECT_IO = 1 << 0
 FOPEN_KEEP_CACHE = 1 << 1
+FOPEN_CACHE_DIR = 1 << 3
 FOPEN_PASSTHROUGH = 1 << 7
 
 # fuse_setattr_in.valid

@@ -34,11 +34,14 @@ class Opened:
     """The answer to open/create/opendir."""
     fh: int
     backing_fd: int | None = None  # a file to hand to FUSE passthrough
-    # open() only: the file is as the kernel last saw it, so it keeps its cached pages and
-    # attributes; otherwise both are dropped (close-to-open).
+    # open(): the file is as the kernel last saw it, so it keeps its cached pages and attributes;
+    # otherwise both are dropped (close-to-open).  opendir(): the kernel may answer this handle's
+    # reads from the names it cached (see cache_dir); otherwise it drops them.
     keep_cache: bool = False
     # The handle's reads and writes go around the kernel's page cache, each as the caller made it.
     direct_io: bool = False
+    # opendir() only: the kernel keeps the names it reads in a cache of its own (FOPEN_CACHE_DIR).
+    cache_dir: bool = False
 
 
 @dataclass(slots=True)

@@ -453,7 +453,8 @@ class Session:
     async def _opendir(self, ctx, nodeid, body):
         flags, _ = abi.open_in.unpack_from(body)
         opened = await self.ops.opendir(ctx, nodeid, flags)
-        return (abi.open_out.pack(opened.fh, 0, 0),)
+        flags = (abi.FOPEN_KEEP_CACHE if opened.keep_cache else 0) | (abi.FOPEN_CACHE_DIR if opened.cache_dir else 0)
+        return (abi.open_out.pack(opened.fh, flags, 0),)
 
     @staticmethod
     def _room(size, extra):
