@@ -207,9 +207,9 @@ def test_a_listing_brings_the_directory_version_it_is_kept_by(mount_on):
     assert _wait_for(trips, 5) == 2
 
 
-def _listed_then_aged(mnt):
+def _listed_then_aged(mnt, dirs=3):
     """A tree listed once (`ls -lR`, attributes and all), then left past attr_timeout unchanged."""
-    _tree(mnt.backing)
+    _tree(mnt.backing, dirs)
     time.sleep(1.1)  # else the listings are "racy" (cache.RACY_NS), and fetched again whatever the version
     subprocess.run(["ls", "-lR", mnt.path], check=True, capture_output=True, timeout=60)
     time.sleep(1.5)  # attr_timeout=1: the listings and every attribute in them are old now
@@ -260,6 +260,23 @@ def test_a_walk_that_stats_after_a_find_sees_fresh_attributes_listing_each_direc
     out = subprocess.run(["du", "-ab", mnt.path], check=True, capture_output=True, text=True, timeout=60).stdout
     du = {os.path.relpath(line.split("\t")[1], mnt.path): int(line.split("\t")[0]) for line in out.splitlines()}
     assert du["d1/f2"] == 5000 and du["d2/f3"] == 0 and du["d0/f4"] == 5
+
+
+@pytest.mark.parametrize("where", WHERE[1:])  # local listings carry no attributes: nothing to list ahead
+def test_a_walk_that_stats_lists_the_next_directories_ahead_each_once(where, mount_on):
+    """`du` after `find` (names alone) waits for each directory's listing; from the second on, the
+    ones it will need are fetched ahead, side by side, and none twice.  They still show what another
+    client wrote."""
+    mnt = mount_on(where)
+    _listed_then_aged(mnt, dirs=6)
+    (mnt.backing / "d4" / "f1").write_bytes(b"z" * 3000)
+    _find(mnt.path)
+    listed, ahead = _counter(mnt, "listings"), _counter(mnt, "listings_ahead")
+    out = subprocess.run(["du", "-ab", mnt.path], check=True, capture_output=True, text=True, timeout=60).stdout
+    du = {os.path.relpath(line.split("\t")[1], mnt.path): int(line.split("\t")[0]) for line in out.splitlines()}
+    assert du["d4/f1"] == 3000 and du["d5/f4"] == 5 and du["d0/f0"] == 1
+    assert _counter(mnt, "listings_ahead") - ahead >= 6 - 2
+    assert _counter(mnt, "listings") - listed <= 6 + 1  # each directory once (and the top, if it aged)
 
 
 @pytest.mark.parametrize("where", WHERE)

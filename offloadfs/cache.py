@@ -33,6 +33,7 @@ BARE_SHARE = 8  # READDIRPLUS lists again once over 1/8 of a listing's items cam
 # of 100 files took 0.14 s listing each again, 0.08 s asking each for its attributes (1 ms a round trip).
 ENTRIES_A_ROUND_TRIP = 32
 DT_DIR = stat.S_IFDIR >> 12
+AHEAD_ITEMS = 1024  # listings up to this many entries are fetched ahead of a walk (DirCache.worth_listing_ahead)
 KEPT_ITEMS = 32768  # entries of the listings kept for directories the kernel forgot (DirCache.forgotten)
 ABSENT_MAX = 1024  # names a directory keeps as absent (DirCache.absent); past that, the expired go
 MIXED = "mixed"  # see DirCache.kernel_read: the kernel's cache of a directory's names may hold several listings
@@ -154,6 +155,7 @@ class Listing:
     bare: int = 0  # items we added since, without attributes
     dirs: int = 0  # items that are directories
     named: bool = False  # READDIRPLUS handed out its names without their attributes (DirCache.names_will_do)
+    walked: int = 0  # subdirectories a walk that stats listed (DirCache.walk_reached)
 
 
 class DirCache:
@@ -284,6 +286,26 @@ class DirCache:
     def statting(self):
         """A file of a listing answered with names alone was asked about: a walk stats what it lists."""
         self.statting_until = time.monotonic() + self.timeout
+
+    def walking(self):
+        """True while a walk stats what it lists (see statting)."""
+        return time.monotonic() < self.statting_until
+
+    @staticmethod
+    def walk_reached(parent):
+        """A walk that stats lists a subdirectory of the directory whose listing is ``parent``: True at
+        the second, once.  It goes through them one by one, and each costs a round trip it waits for:
+        the rest are fetched ahead, side by side, while it works on the first (worth_listing_ahead).
+        The first alone (`ls -l dir`) says nothing of the others."""
+        parent.walked += 1
+        return parent.walked == 2
+
+    def worth_listing_ahead(self, inode):
+        """True if a walk that stats, reaching the directory ``inode``, would list it again: we hold a
+        listing of it (so it is no stranger, and it is small) whose attributes are past attr_timeout."""
+        listing = inode.listing
+        return (listing is not None and listing.stats and len(listing.items) <= AHEAD_ITEMS
+                and self.fresh(inode, stats=True) is None)
 
     def ttl(self, inode):
         """How long a negative answer from the listing may be kept by the kernel."""

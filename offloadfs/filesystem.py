@@ -40,6 +40,7 @@ NAME_MAX = 255
 # A lookup in a directory whose listing changed lists it again (rather than asking for the one
 # name) if it held at most this many entries: a few round trips that answer the next lookups too.
 RELIST_FOR_LOOKUP = 1024
+AHEAD = 2  # listings fetched side by side ahead of a walk that stats (see _walk_reached)
 
 
 @dataclass
@@ -135,6 +136,7 @@ class Filesystem(Operations):
         self.writeback = False
         self.kernel = None
         self._dropping = set()  # trio.Events of kernel names being dropped (see _drop_other_names)
+        self._fetching = {}  # nodeid -> trio.Event: a directory being listed (see _valid_listing)
         self.behind = WriteBehind(self._sent_behind, self._where)
         self.recogniser = None
         # Sources whose reads are remembered, and those whose writes are compared with them: the
@@ -1029,12 +1031,62 @@ class Filesystem(Operations):
         if relist_within is not None and (held is None or len(held.items) > relist_within):
             self.dircache.drop(inode)
             return None
+        fetching = self._fetching.get(inode.nodeid)
+        if fetching is not None:  # listed ahead of a walk right now, or for another request: that answers
+            await fetching.wait()
+            return await self._valid_listing(inode, relist_within, stats)
+        self._fetching[inode.nodeid] = fetching = trio.Event()
+        try:
+            if stats and self.dircache.walking():
+                self._walk_reached(inode)
+            return await self._fetch_listing(inode)
+        finally:
+            del self._fetching[inode.nodeid]
+            fetching.set()
+
+    async def _fetch_listing(self, inode):
         self.stats.listings += 1
         asked, changes = time.monotonic(), inode.dir_changes
         before, items = await inode.source.backend.listdir(inode.node)  # older than the items, as the version must be
         if not self.cache.newer_than(inode, before, asked):  # unless we changed the directory meanwhile
             self._cache(inode, before, asked)
         return self.dircache.store(inode, before, items, asked, changes)
+
+    def _walk_reached(self, dir):
+        """A walk that stats what it lists is about to wait for the listing of ``dir``: at the second
+        subdirectory of a directory, the other ones it would list again are fetched ahead, AHEAD side
+        by side, so that the walk finds them ready (cache.DirCache.walk_reached)."""
+        parent = dir.parent
+        if (parent is None or parent.listing is None or self.dentries.get((parent.nodeid, dir.name)) is not dir
+                or not self.dircache.walk_reached(parent.listing)):
+            return
+        names = list(parent.listing.items)
+        at = names.index(dir.name) + 1 if dir.name in names else 0
+        ahead = []
+        for name in names[at:] + names[:at]:  # in the order the walk read them
+            sibling = self.dentries.get((parent.nodeid, name))
+            if (sibling is not None and sibling is not dir and sibling.fmt == stat.S_IFDIR
+                    and self.dircache.worth_listing_ahead(sibling)):
+                ahead.append(sibling)
+        if ahead:
+            trio.lowlevel.spawn_system_task(self._list_ahead_of_walk, iter(ahead))
+
+    async def _list_ahead_of_walk(self, dirs):
+        """List ``dirs`` (an iterator), AHEAD at a time, while the walk goes on; an error is the walk's
+        to meet when it gets there."""
+        async def one_by_one():
+            for dir in dirs:
+                if not self.dircache.walking() or self.inodes.get(dir.nodeid) is not dir:
+                    continue
+                if self.dircache.worth_listing_ahead(dir) and dir.nodeid not in self._fetching:
+                    self.stats.listings_ahead += 1
+                    try:
+                        await self._valid_listing(dir, stats=True)
+                    except OSError as e:
+                        log.debug("%s: listing ahead of a walk: %s", self._where(dir), e)
+        async with trio.open_nursery() as nursery:
+            for _ in range(AHEAD):
+                nursery.start_soon(one_by_one)
 
     async def _revalidate(self, inode):
         """The directory's listing if its version is unchanged, by the attributes we hold while they

@@ -43,6 +43,7 @@ class Stats:
         self.listings = 0
         self.lookups = 0
         self.lookups_absent = 0  # lookups the server answered "no such file"
+        self.listings_ahead = 0  # of the listings: fetched ahead of a walk that stats
         self.dir_reads = 0  # READDIR(PLUS) requests: what the kernel did not answer from its own cache
         # Copies recognised in plain writes (recognise.py): bytes found, committed as offloads by
         # method, and held then written after all (source changed, copy failed).
@@ -105,6 +106,7 @@ class Stats:
                 "listings": self.listings,
                 "lookups": self.lookups,
                 "lookups_absent": self.lookups_absent,
+                "listings_ahead": self.listings_ahead,
                 "dir_reads": self.dir_reads,
                 "bytes_kept_off_network": kept_off_network(self.copy_bytes),
                 **added_up(b.counters() for b in backends),

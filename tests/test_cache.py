@@ -10,7 +10,7 @@ import pytest
 
 from offloadfs.backends.base import DirItem, Stat
 from offloadfs.backends.local import LocalBackend
-from offloadfs.cache import AttrCache, DirCache, problem
+from offloadfs.cache import AHEAD_ITEMS, AttrCache, DirCache, problem
 from offloadfs.filesystem import Filesystem, Options
 from offloadfs.fuse.operations import Ctx
 from offloadfs.stats import Stats
@@ -227,6 +227,21 @@ def test_the_kernel_keeps_nothing_it_may_have_read_from_two_listings():
     d.kernel_listing = None  # an open that did not let it keep them emptied its cache
     cache.kernel_read(d, second, 5)  # a read from the middle of a listing fills no cache from the top
     assert cache.kernel_may_keep(d) is None
+
+
+def test_a_walk_that_stats_lists_ahead_from_the_second_subdirectory_what_it_would_list_again():
+    cache, top, d = DirCache(1.0), _Dir(), _Dir()
+    parent = cache.store(top, OLD_DIR, [DirItem(b"d%d" % i, 10 + i, 4) for i in range(5)])
+    assert not cache.walk_reached(parent)  # `ls -l d0` alone says nothing of d1 ... d4
+    assert cache.walk_reached(parent)
+    assert not cache.walk_reached(parent)  # once
+    listing = cache.store(d, OLD_DIR, [DirItem(b"f", 3, 8, stat=GOOD)])
+    assert not cache.worth_listing_ahead(d)  # its attributes are fresh
+    listing.fetched -= 2
+    assert cache.worth_listing_ahead(d)
+    cache.store(d, OLD_DIR, [DirItem(b"f%d" % i, 10 + i, 8, stat=GOOD) for i in range(AHEAD_ITEMS + 1)]).fetched -= 2
+    assert not cache.worth_listing_ahead(d)  # too large to fetch on a guess
+    assert not cache.worth_listing_ahead(_Dir())  # never listed
 
 
 def test_a_revalidation_by_older_attributes_keeps_the_listing_only_as_long_as_they_last():
