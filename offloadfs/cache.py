@@ -155,7 +155,8 @@ class Listing:
     bare: int = 0  # items we added since, without attributes
     dirs: int = 0  # items that are directories
     named: bool = False  # READDIRPLUS handed out its names without their attributes (DirCache.names_will_do)
-    walked: int = 0  # subdirectories a walk that stats listed (DirCache.walk_reached)
+    walked: float = 0.0  # monotonic: when a walk listed one of its subdirectories (DirCache.walk_reached)
+    ahead: bool = False  # the other subdirectories were fetched ahead of that walk
 
 
 class DirCache:
@@ -270,11 +271,16 @@ class DirCache:
         listing = inode.kernel_listing
         if listing is not inode.listing or listing is None:
             return None
-        if self.fresh(inode, stats=True) is listing:
+        if self.fresh(inode, stats=True) is listing or self.revalidates(listing, stats=True):
             return listing
-        if listing.racy or listing.version is None or (listing.stats and not self.names_will_do(listing)):
-            return None  # fetched again, not revalidated (see FileSystem._valid_listing)
-        return listing
+        return None
+
+    def revalidates(self, listing, stats):
+        """True if ``listing``, past its time, may live on once its directory's version is checked (for
+        READDIRPLUS, with ``stats``: it then answers with names alone, see names_will_do); False if it
+        must be fetched again."""
+        return (not listing.racy and listing.version is not None
+                and (not (stats and listing.stats) or self.names_will_do(listing)))
 
     def names_will_do(self, listing):
         """True if READDIRPLUS may answer from ``listing`` once its attributes are past attr_timeout,
@@ -287,25 +293,27 @@ class DirCache:
         """A file of a listing answered with names alone was asked about: a walk stats what it lists."""
         self.statting_until = time.monotonic() + self.timeout
 
-    def walking(self):
-        """True while a walk stats what it lists (see statting)."""
-        return time.monotonic() < self.statting_until
-
-    @staticmethod
-    def walk_reached(parent):
-        """A walk that stats lists a subdirectory of the directory whose listing is ``parent``: True at
-        the second, once.  It goes through them one by one, and each costs a round trip it waits for:
-        the rest are fetched ahead, side by side, while it works on the first (worth_listing_ahead).
-        The first alone (`ls -l dir`) says nothing of the others."""
-        parent.walked += 1
-        return parent.walked == 2
+    def walk_reached(self, parent):
+        """READDIRPLUS, or a walk that stats, is about to wait for the listing of a subdirectory of the
+        directory whose listing is ``parent``: True at the second within attr_timeout, once.  A walk
+        goes through them one by one, each a round trip it waits for: the rest are fetched ahead,
+        side by side, while it works on the others (worth_listing_ahead).  One alone (`ls -l dir`)
+        says nothing of the others."""
+        now = time.monotonic()
+        if parent.ahead:
+            return False
+        if now - parent.walked < self.timeout:
+            parent.ahead = True
+            return True
+        parent.walked = now
+        return False
 
     def worth_listing_ahead(self, inode):
-        """True if a walk that stats, reaching the directory ``inode``, would list it again: we hold a
-        listing of it (so it is no stranger, and it is small) whose attributes are past attr_timeout."""
+        """True if READDIRPLUS would fetch the listing of ``inode`` again: we hold one (so it is no
+        stranger, and it is small) that is past its time and may not be revalidated."""
         listing = inode.listing
-        return (listing is not None and listing.stats and len(listing.items) <= AHEAD_ITEMS
-                and self.fresh(inode, stats=True) is None)
+        return (listing is not None and len(listing.items) <= AHEAD_ITEMS
+                and self.fresh(inode, stats=True) is None and not self.revalidates(listing, stats=True))
 
     def ttl(self, inode):
         """How long a negative answer from the listing may be kept by the kernel."""

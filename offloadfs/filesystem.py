@@ -40,7 +40,7 @@ NAME_MAX = 255
 # A lookup in a directory whose listing changed lists it again (rather than asking for the one
 # name) if it held at most this many entries: a few round trips that answer the next lookups too.
 RELIST_FOR_LOOKUP = 1024
-AHEAD = 2  # listings fetched side by side ahead of a walk that stats (see _walk_reached)
+AHEAD = 2  # listings fetched side by side ahead of a walk (see _walk_reached)
 
 
 @dataclass
@@ -1021,9 +1021,8 @@ class Filesystem(Operations):
         held = inode.listing
         if held is None and relist_within is not None:
             return None
-        names = stats and held is not None and held.stats and self.dircache.names_will_do(held)
-        if held is not None and not held.racy and held.version is not None and (not (stats and held.stats) or names):
-            listing = self.dircache.fresh(inode) if names else None
+        if held is not None and self.dircache.revalidates(held, stats):
+            listing = self.dircache.fresh(inode) if stats and held.stats else None  # names alone will do
             if listing is None:
                 listing = await self._revalidate(inode)
             if listing is not None:
@@ -1037,7 +1036,7 @@ class Filesystem(Operations):
             return await self._valid_listing(inode, relist_within, stats)
         self._fetching[inode.nodeid] = fetching = trio.Event()
         try:
-            if stats and self.dircache.walking():
+            if stats:
                 self._walk_reached(inode)
             return await self._fetch_listing(inode)
         finally:
@@ -1053,9 +1052,9 @@ class Filesystem(Operations):
         return self.dircache.store(inode, before, items, asked, changes)
 
     def _walk_reached(self, dir):
-        """A walk that stats what it lists is about to wait for the listing of ``dir``: at the second
-        subdirectory of a directory, the other ones it would list again are fetched ahead, AHEAD side
-        by side, so that the walk finds them ready (cache.DirCache.walk_reached)."""
+        """A walk is about to wait for the listing of ``dir``: at the second subdirectory of a directory,
+        the other ones it would list again are fetched ahead, AHEAD side by side, so that the walk
+        finds them ready (cache.DirCache.walk_reached)."""
         parent = dir.parent
         if (parent is None or parent.listing is None or self.dentries.get((parent.nodeid, dir.name)) is not dir
                 or not self.dircache.walk_reached(parent.listing)):
@@ -1076,9 +1075,8 @@ class Filesystem(Operations):
         to meet when it gets there."""
         async def one_by_one():
             for dir in dirs:
-                if not self.dircache.walking() or self.inodes.get(dir.nodeid) is not dir:
-                    continue
-                if self.dircache.worth_listing_ahead(dir) and dir.nodeid not in self._fetching:
+                if (self.inodes.get(dir.nodeid) is dir and dir.nodeid not in self._fetching
+                        and self.dircache.worth_listing_ahead(dir)):
                     self.stats.listings_ahead += 1
                     try:
                         await self._valid_listing(dir, stats=True)

@@ -229,17 +229,29 @@ def test_the_kernel_keeps_nothing_it_may_have_read_from_two_listings():
     assert cache.kernel_may_keep(d) is None
 
 
-def test_a_walk_that_stats_lists_ahead_from_the_second_subdirectory_what_it_would_list_again():
-    cache, top, d = DirCache(1.0), _Dir(), _Dir()
+def test_a_walk_lists_ahead_from_its_second_subdirectory_within_attr_timeout():
+    cache, top = DirCache(1.0), _Dir()
     parent = cache.store(top, OLD_DIR, [DirItem(b"d%d" % i, 10 + i, 4) for i in range(5)])
     assert not cache.walk_reached(parent)  # `ls -l d0` alone says nothing of d1 ... d4
+    parent.walked -= 2
+    assert not cache.walk_reached(parent)  # nor `ls -l d1` long after
     assert cache.walk_reached(parent)
     assert not cache.walk_reached(parent)  # once
-    listing = cache.store(d, OLD_DIR, [DirItem(b"f", 3, 8, stat=GOOD)])
+
+
+def test_what_is_listed_ahead_is_what_readdirplus_would_list_again():
+    cache, d = DirCache(1.0), _Dir()
+    listing = cache.store(d, OLD_DIR, [DirItem(b"f%d" % i, 10 + i, 8, stat=GOOD) for i in range(40)])
     assert not cache.worth_listing_ahead(d)  # its attributes are fresh
     listing.fetched -= 2
-    assert cache.worth_listing_ahead(d)
+    assert not cache.worth_listing_ahead(d)  # names alone will do, once its version is checked
+    cache.statting()
+    assert cache.worth_listing_ahead(d)  # a walk that stats wants the attributes
+    cache.statting_until = 0.0
+    cache.added(d, DirItem(b"new", 4, 8))
+    assert cache.worth_listing_ahead(d)  # changed by us: no version to check it by
     cache.store(d, OLD_DIR, [DirItem(b"f%d" % i, 10 + i, 8, stat=GOOD) for i in range(AHEAD_ITEMS + 1)]).fetched -= 2
+    cache.statting()
     assert not cache.worth_listing_ahead(d)  # too large to fetch on a guess
     assert not cache.worth_listing_ahead(_Dir())  # never listed
 
