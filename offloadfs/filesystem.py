@@ -994,9 +994,11 @@ class Filesystem(Operations):
         past that), so that a walk enters it without a lookup.  Anything else gets a bare name
         (None), which costs least and which the kernel looks up when it needs more; so does a
         directory whose attributes we dropped for a change of ours."""
-        known = self.dentries.get((dir.nodeid, name))
         item = listing.items.get(name)
-        if (known is None or known.fmt != stat.S_IFDIR or item is None or known.ino != item.ino
+        if item is None or item.type != DT_DIR:
+            return None
+        known = self.dentries.get((dir.nodeid, name))
+        if (known is None or known.fmt != stat.S_IFDIR or known.ino != item.ino
                 or known.stat is None or known.stat_expiry == 0.0):
             return None
         known.lookups += 1

@@ -56,10 +56,12 @@ def pack_entry(e: Entry):
     return abi.entry_out.pack(e.nodeid, e.generation, es, as_, ens, ans, *attr)
 
 
+PADS = [b"\0" * (-(abi.dirent.size + n) % 8) for n in range(8)]  # by len(name) % 8
+NO_ENTRY = bytes(abi.entry_out.size)  # a READDIRPLUS record that carries a name alone
+
+
 def pack_dirent(name, ino, dtype, next_offset):
-    size = abi.dirent.size + len(name)
-    pad = -size % 8
-    return abi.dirent.pack(ino, next_offset, len(name), dtype) + name + b"\0" * pad
+    return abi.dirent.pack(ino, next_offset, len(name), dtype) + name + PADS[len(name) % 8]
 
 
 @dataclass(slots=True)
@@ -486,7 +488,7 @@ class Session:
         fh, offset, size, _, _, _, _ = abi.read_in.unpack_from(body)
         out = []
         for d, entry in await self.ops.readdirplus(ctx, nodeid, fh, offset, self._room(size, abi.entry_out.size)):
-            out.append(bytes(abi.entry_out.size) if entry is None else pack_entry(entry))
+            out.append(NO_ENTRY if entry is None else pack_entry(entry))
             out.append(pack_dirent(d.name, d.ino, d.type, d.next_offset))
         return (b"".join(out),)
 
