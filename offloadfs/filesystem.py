@@ -893,8 +893,8 @@ class Filesystem(Operations):
         if not keep:
             inode.kernel_listing = None  # the kernel empties its cache of the names
         fh = next(self._fhs)
-        self.handles[fh] = Handle(inode, unread=True)
-        inode.unread += 1
+        self.handles[fh] = Handle(inode, unread=not keep)  # kept: checked now, and may never be read here
+        inode.unread += not keep
         return Opened(fh, keep_cache=keep, cache_dir=inode.source is not None)
 
     async def _kernel_keeps_names(self, inode):
