@@ -279,13 +279,17 @@ def test_a_walk_that_stats_lists_the_next_directories_ahead_each_once(where, mou
     assert _counter(mnt, "listings") - listed <= 6 + 1  # each directory once (and the top, if it aged)
 
 
+@pytest.mark.parametrize("forgotten", [False, True], ids=["", "forgotten"])
 @pytest.mark.parametrize("where", WHERE[1:])
-def test_a_walk_over_a_tree_we_just_made_lists_the_next_directories_ahead(where, mount_on):
+def test_a_walk_over_a_tree_we_just_made_lists_the_next_directories_ahead(where, forgotten, mount_on):
     """Our own creates leave listings without attributes and without a version: `ls -lR` lists
-    every directory again, and from the second on the next ones are fetched ahead, none twice."""
+    every directory again, and from the second on the next ones are fetched ahead, none twice;
+    also once the kernel forgot the directories (drop_caches between `cp -r` and `ls -lR`)."""
     mnt = mount_on(where)
     _tree(mnt.path, dirs=6)
     time.sleep(1.5)  # past attr_timeout
+    if forgotten:
+        Path("/proc/sys/vm/drop_caches").write_text("2\n")
     listed, ahead = _counter(mnt, "listings"), _counter(mnt, "listings_ahead")
     out = subprocess.run(["ls", "-lR", mnt.path], check=True, capture_output=True, text=True, timeout=60).stdout
     assert sum(line.startswith("-") for line in out.splitlines()) == 6 * 5

@@ -195,9 +195,11 @@ class DirCache:
 
     def forgotten(self, key, listing):
         """The kernel forgot the directory of identity ``key`` (memory pressure, drop_caches), which
-        held ``listing``: kept for when the kernel looks it up again (it revalidates by its version as
-        before), up to KEPT_ITEMS entries in all, the longest forgotten going first."""
-        if listing is None or listing.version is None:
+        held ``listing``: kept for when the kernel looks it up again (it answers and revalidates as
+        before; one we changed since, with no version, is fetched again, but says the directory is
+        known and how large, see worth_listing_ahead), up to KEPT_ITEMS entries in all, the longest
+        forgotten going first."""
+        if listing is None:
             return
         self.recalled(key)
         self._kept[key] = listing

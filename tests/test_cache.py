@@ -305,6 +305,9 @@ def test_listings_of_forgotten_directories_are_kept_within_a_bound(monkeypatch):
     cache.forgotten("b", cache.store(b, OLD_DIR, [DirItem(b"z", 5, 8), DirItem(b"w", 6, 8)]))
     assert cache.recalled("a") is None  # the first forgotten went first
     assert list(cache.recalled("b").items) == [b"z", b"w"] and cache.recalled("b") is None
+    a.listing = cache.store(a, OLD_DIR, [DirItem(b"x", 3, 8)])
     cache.added(a, DirItem(b"new", 7, 8))
-    cache.forgotten("a", a.listing)  # changed by us since: its version says nothing
-    assert cache.recalled("a") is None
+    cache.forgotten("a", a.listing)  # changed by us since: its version says nothing, its size does
+    a.listing = cache.recalled("a")
+    assert list(a.listing.items) == [b"x", b"new"]
+    assert not cache.revalidates(a.listing, stats=False)
