@@ -155,8 +155,8 @@ class Listing:
     bare: int = 0  # items we added since, without attributes
     dirs: int = 0  # items that are directories
     named: bool = False  # READDIRPLUS handed out its names without their attributes (DirCache.names_will_do)
-    walked: float = 0.0  # monotonic: when a walk listed one of its subdirectories (DirCache.walk_reached)
-    ahead: bool = False  # the other subdirectories were fetched ahead of that walk
+    walked: float = float("-inf")  # monotonic: when a walk listed a first subdirectory of it (DirCache.walk_reached)
+    ahead: bool = False  # the others were fetched ahead of that walk
 
 
 class DirCache:
@@ -302,13 +302,13 @@ class DirCache:
         side by side, while it works on the others (worth_listing_ahead).  One alone (`ls -l dir`)
         says nothing of the others."""
         now = time.monotonic()
+        if now - parent.walked >= self.timeout:  # the first (a listing may live on for many walks)
+            parent.walked, parent.ahead = now, False
+            return False
         if parent.ahead:
             return False
-        if now - parent.walked < self.timeout:
-            parent.ahead = True
-            return True
-        parent.walked = now
-        return False
+        parent.ahead = True
+        return True
 
     def worth_listing_ahead(self, inode):
         """True if READDIRPLUS would fetch the listing of ``inode`` again: we hold one (so it is no

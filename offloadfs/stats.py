@@ -43,7 +43,7 @@ class Stats:
         self.listings = 0
         self.lookups = 0
         self.lookups_absent = 0  # lookups the server answered "no such file"
-        self.listings_ahead = 0  # of the listings: fetched ahead of a walk that stats
+        self.listings_ahead = 0  # of the listings: fetched ahead of a walk
         self.dir_reads = 0  # READDIR(PLUS) requests: what the kernel did not answer from its own cache
         # Copies recognised in plain writes (recognise.py): bytes found, committed as offloads by
         # method, and held then written after all (source changed, copy failed).

@@ -237,6 +237,9 @@ def test_a_walk_lists_ahead_from_its_second_subdirectory_within_attr_timeout():
     assert not cache.walk_reached(parent)  # nor `ls -l d1` long after
     assert cache.walk_reached(parent)
     assert not cache.walk_reached(parent)  # once
+    parent.walked -= 2
+    assert not cache.walk_reached(parent)  # a later walk over the same listing, revalidated since
+    assert cache.walk_reached(parent)
 
 
 def test_what_is_listed_ahead_is_what_readdirplus_would_list_again():
