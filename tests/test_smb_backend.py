@@ -15,6 +15,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import trio
@@ -660,3 +661,15 @@ async def test_getattr_through_a_handle_closed_meanwhile_asks_by_name(connect):
 
         b._file_attributes = closed_first
         assert (await b.getattr(node)).size == 4
+
+
+@pytest.mark.parametrize("name", ["a\\b", "a:b", "a*", "a?", 'a"', "a<", "a>", "a|", "a\x01b", "a\x1f", "\x7f\x00"])
+def test_a_name_smb_cannot_hold_is_refused_before_any_request(name):
+    with pytest.raises(OSError) as raised:
+        smb_backend._child(SimpleNamespace(path="dir"), name.encode())
+    assert raised.value.errno == errno.EINVAL
+
+
+def test_names_smb_holds_make_paths_below_their_directory():
+    assert smb_backend._child(SimpleNamespace(path="dir"), "a b-c_d.é\x7f".encode()) == "dir\\a b-c_d.é\x7f"
+    assert smb_backend._child(SimpleNamespace(path=""), b"top") == "top"

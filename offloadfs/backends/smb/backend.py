@@ -21,6 +21,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import stat
 import time
 import uuid
@@ -47,7 +48,8 @@ LIST_MAX_BYTES = 1 << 29  # of replies: a million entries with names of 255 UTF-
 # server handles one while the next crosses the link (1 Gbit lab: sequential 8 MiB writes 65 -> 104 MB/s).
 PIECE = 1 << 20
 LISTED_FOR = 1.0  # seconds a directory listing answers lookups (READDIRPLUS looks up every entry)
-BAD_NAME_CHARS = frozenset('\\:*?"<>|')  # a path separator, a stream name, wildcards
+# What an SMB name cannot hold: a path separator, a stream name, wildcards, control characters
+BAD_NAME = re.compile(r'[\\:*?"<>|\x00-\x1f]')
 # Longest share path we make, in UTF-8 bytes (not characters: 2-byte ones fail at the same byte count): Samba
 # 4.17 creates directories deeper than this but answers their rmdir with OBJECT_NAME_INVALID (PATH_MAX, 4096
 # with its NUL), so nothing longer is made or named.  SMB2's own limit, 32767 UTF-16 units, is far beyond.
@@ -829,7 +831,7 @@ def _child(dir, name):
         text = name.decode("utf-8", "surrogatepass")
     except UnicodeDecodeError:
         raise OSError(errno.EINVAL, "SMB names are Unicode: not valid UTF-8") from None
-    if BAD_NAME_CHARS.intersection(text) or any(ord(c) < 32 for c in text):
+    if BAD_NAME.search(text):
         raise OSError(errno.EINVAL, 'SMB names cannot hold \\ : * ? " < > | or control characters')
     parent = _path(dir)
     path = f"{parent}\\{text}" if parent else text
