@@ -71,8 +71,8 @@ def check_tree(server_dir, local_tree):
 def warm_programs():
     """Read the steps' programs into the page cache.  drop_caches (before each `ls -lR`) evicts them
     too, and the tools take turns: the first to run `find` after the last tool's `ls -lR` paid for
-    reading sh, find and wc from disk (14 ms in a scratch run, near half of `find`'s time), and that was always
-    offloadfs."""
+    reading sh, find and wc from disk (14 ms in a scratch run, near half of `find`'s time), and that
+    was always offloadfs."""
     run("sh", "-c", "for p in cp ls find wc du rm; do $p --version; done")
 
 

@@ -33,10 +33,10 @@ BARE_SHARE = 8  # READDIRPLUS lists again once over 1/8 of a listing's items cam
 # of 100 files took 0.14 s listing each again, 0.08 s asking each for its attributes (1 ms a round trip).
 ENTRIES_A_ROUND_TRIP = 32
 DT_DIR = stat.S_IFDIR >> 12
-AHEAD_ITEMS = 1024  # listings up to this many entries are fetched ahead of a walk (DirCache.worth_listing_ahead)
+AHEAD_ITEMS = 1024  # listings of up to this many entries are fetched ahead of a walk (worth_listing_ahead)
 KEPT_ITEMS = 32768  # entries of the listings kept for directories the kernel forgot (DirCache.forgotten)
 ABSENT_MAX = 1024  # names a directory keeps as absent (DirCache.absent); past that, the expired go
-MIXED = "mixed"  # see DirCache.kernel_read: the kernel's cache of a directory's names may hold several listings
+MIXED = "mixed"  # the kernel's cache of a directory's names may hold several listings (DirCache.kernel_read)
 FILE_TYPES = frozenset({stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK, stat.S_IFCHR, stat.S_IFBLK,
                         stat.S_IFIFO, stat.S_IFSOCK})
 
@@ -155,7 +155,7 @@ class Listing:
     bare: int = 0  # items we added since, without attributes
     dirs: int = 0  # items that are directories
     named: bool = False  # READDIRPLUS handed out its names without their attributes (DirCache.names_will_do)
-    walked: float = float("-inf")  # monotonic: when a walk listed a first subdirectory of it (DirCache.walk_reached)
+    walked: float = float("-inf")  # monotonic: a walk listed a first subdirectory (DirCache.walk_reached)
     ahead: bool = False  # the others were fetched ahead of that walk
 
 
