@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from .backends.base import CALLER, Allocate, Caller, DirItem, Passthrough, SeekData, Stat
+from .backends.base import CALLER, UNREACHABLE, Allocate, Caller, DirItem, Passthrough, SeekData, Stat
 from .backends.parallel import together
 from .cache import DT_DIR, AttrCache, DirCache, Listing, check, dtype
 from .fuse.operations import DirEntry, Entry, Operations, Opened
@@ -107,6 +107,13 @@ class Handle:
     append: bool = False  # opened O_APPEND, the kernel's cache aside: its writes go to the server's end
 
 
+@dataclass(slots=True)
+class Fetching:
+    """A directory's listing being fetched: who asks for it meanwhile waits, and shares its failure."""
+    done: trio.Event = field(default_factory=trio.Event)
+    failed: int | None = None  # the errno it failed with
+
+
 def check_name(name):
     """The kernel never sends these, but a name must never reach a backend that could escape with it."""
     if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
@@ -136,7 +143,7 @@ class Filesystem(Operations):
         self.writeback = False
         self.kernel = None
         self._dropping = set()  # trio.Events of kernel names being dropped (see _drop_other_names)
-        self._fetching = {}  # nodeid -> trio.Event: a directory being listed (see _valid_listing)
+        self._fetching = {}  # nodeid -> Fetching: a directory being listed (see _valid_listing)
         self.behind = WriteBehind(self._sent_behind, self._where)
         self.recogniser = None
         # Sources whose reads are remembered, and those whose writes are compared with them: the
@@ -929,13 +936,15 @@ class Filesystem(Operations):
         and fdopendir(3) fstat a directory before they read it, and the listing brings its
         attributes in the same round trip (one round trip a directory for `find` and `ls -lR`, not
         two).  Not for a directory known to be large: a handle held open unread (a dirfd for
-        openat) would make every getattr of it a long listing.  Its errors are readdir's to report;
-        the getattr then asks on its own."""
+        openat) would make every getattr of it a long listing.  Its errors are readdir's to report
+        and the getattr then asks on its own, unless the server did not answer."""
         if inode.listing is not None and len(inode.listing.items) > RELIST_FOR_LOOKUP:
             return
         try:
             await self._valid_listing(inode, stats=True)
         except OSError as e:
+            if e.errno in UNREACHABLE:
+                raise
             log.debug("%s: listing ahead: %s", self._where(inode), e)
 
     async def readdir(self, ctx, nodeid, fh, offset, plus=False):
@@ -1034,16 +1043,22 @@ class Filesystem(Operations):
             return None
         fetching = self._fetching.get(inode.nodeid)
         if fetching is not None:  # listed ahead of a walk right now, or for another request: that answers
-            await fetching.wait()
+            await fetching.done.wait()
+            if fetching.failed is not None:  # a timeout is paid once, not once a waiting request
+                raise OSError(fetching.failed, os.strerror(fetching.failed))
             return await self._valid_listing(inode, relist_within, stats)
-        self._fetching[inode.nodeid] = fetching = trio.Event()
+        self._fetching[inode.nodeid] = fetching = Fetching()
         try:
             if stats:
                 self._walk_reached(inode)
             return await self._fetch_listing(inode)
+        except OSError as e:
+            if e.errno in UNREACHABLE:  # a refusal (EACCES) is not shared: a lookup may still ask alone
+                fetching.failed = e.errno
+            raise
         finally:
             del self._fetching[inode.nodeid]
-            fetching.set()
+            fetching.done.set()
 
     async def _fetch_listing(self, inode):
         self.stats.listings += 1
@@ -1100,11 +1115,13 @@ class Filesystem(Operations):
         """The kernel asks about a file of ``dir`` after READDIRPLUS gave it names alone: a walk
         stats what it lists (``ls -l``, ``du``).  One listing brings the attributes of all its files,
         and the walk's next directories bring theirs with their names (cache.DirCache).  None if
-        the listing failed: the file is then asked about alone."""
+        the server refused the listing: the file is then asked about alone."""
         self.dircache.statting()
         try:
             return await self._valid_listing(dir, stats=True)
         except OSError as e:
+            if e.errno in UNREACHABLE:
+                raise
             log.debug("%s: listing for attributes: %s", self._where(dir), e)
             return None
 

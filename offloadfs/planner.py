@@ -14,7 +14,6 @@ never handed back to the kernel (whose fallback is slower: 64 KiB writes
 through FUSE).
 """
 import contextlib
-import errno
 import logging
 import math
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ import trio
 
 from .costs import CostModel
 
-from .backends.base import CloneRange, InterServerCopy, NotSupported, ServerCopy
+from .backends.base import UNREACHABLE, CloneRange, InterServerCopy, NotSupported, ServerCopy
 from .backends.parallel import together
 
 log = logging.getLogger(__name__)
@@ -35,12 +34,11 @@ STREAM_AHEAD = 2  # chunks read ahead of the writer
 SWITCH_RATIO = 1.5
 WATCH = 0.1
 # A failed copy cuts off what it may have left past its end (see Planner._trim); errors that say
-# the server is out of reach now are retried this long, every TRIM_RETRY seconds.
+# the server is out of reach now (UNREACHABLE) are retried this long, every TRIM_RETRY seconds.
 TRIM_WAIT = 20
 TRIM_RETRY = 0.5
 # An interrupted copy is answered at once (the process is being killed): its cut gets this long.
 TRIM_WAIT_INTERRUPTED = 0.25
-UNREACHABLE = (errno.EIO, errno.ETIMEDOUT)
 
 
 @dataclass(slots=True)

@@ -3,6 +3,8 @@ import errno
 import os
 
 import pytest
+import trio
+import trio.testing
 
 from offloadfs.backends.base import CALLER
 from offloadfs.backends.local import LocalBackend
@@ -117,3 +119,65 @@ async def test_an_unread_directory_is_listed_ahead_of_its_fstat_unless_it_is_lar
         await fs.getattr(ROOT_CTX, nodeid, None)  # no handle unread: a getattr only
         listed[name].append(fs.stats.listings - before)
     assert listed == {"small": [1, 1, 0], "large": [1, 0, 0]}
+
+
+async def test_who_waits_for_a_listing_that_fails_fails_with_it(tmp_path):
+    """Requests for a directory being listed wait for that one listing.  When it fails (a server
+    that timed out), they fail with it rather than each asking again in turn: a timeout is then
+    paid once, not once a waiting request."""
+    (tmp_path / "d").mkdir()
+    fs = await mounted(tmp_path)
+    nodeid = (await fs.lookup(ROOT_CTX, 1, b"d")).nodeid
+    release, calls = trio.Event(), []
+
+    async def failing_listdir(node):
+        calls.append(node)
+        await release.wait()
+        raise OSError(errno.EIO, "timed out")
+
+    fs.inodes[nodeid].source.backend.listdir = failing_listdir
+    errors = []
+
+    async def read():
+        opened = await fs.opendir(ROOT_CTX, nodeid, os.O_RDONLY)
+        try:
+            await fs.readdir(ROOT_CTX, nodeid, opened.fh, 0)
+        except OSError as e:
+            errors.append(e.errno)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(read)
+        await trio.testing.wait_all_tasks_blocked()
+        release.set()
+    assert (len(calls), errors) == (1, [errno.EIO] * 3)
+
+
+@pytest.mark.parametrize("failure, asks_alone", [(errno.EIO, False), (errno.ETIMEDOUT, False), (errno.EACCES, True)])
+async def test_a_getattr_asks_alone_after_its_listing_failed_only_if_the_server_answered(tmp_path, failure, asks_alone):
+    """A listing fetched ahead of a readdir (opendir(3)'s fstat) that the server refused leaves the
+    getattr to ask alone (a directory we may search but not read).  One the server did not answer
+    ends the getattr: a second request would wait as long again."""
+    (tmp_path / "d").mkdir()
+    fs = await mounted(tmp_path, attr_timeout=0.0)
+    nodeid = (await fs.lookup(ROOT_CTX, 1, b"d")).nodeid
+    backend = fs.inodes[nodeid].source.backend
+    asked = []
+
+    async def failing_listdir(node):
+        raise OSError(failure, os.strerror(failure))
+
+    async def getattr(node, file=None):
+        asked.append(node)
+        return await type(backend).getattr(backend, node, file)
+
+    backend.listdir, backend.getattr = failing_listdir, getattr
+    opened = await fs.opendir(ROOT_CTX, nodeid, os.O_RDONLY)
+    if asks_alone:
+        await fs.getattr(ROOT_CTX, nodeid, None)
+    else:
+        with pytest.raises(OSError) as e:
+            await fs.getattr(ROOT_CTX, nodeid, None)
+        assert e.value.errno == failure
+    assert bool(asked) == asks_alone
+    await fs.releasedir(ROOT_CTX, nodeid, opened.fh)

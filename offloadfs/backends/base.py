@@ -13,6 +13,7 @@ request (a range that is not aligned, two files on different filesystems),
 and the planner moves on to the next method.
 """
 import contextvars
+import errno
 import time
 from dataclasses import dataclass, field
 from typing import Hashable, Protocol, runtime_checkable
@@ -23,6 +24,10 @@ GROUPS_TTL = 1.0  # seconds a process's groups read from /proc serve its next re
 # anyone who may write set that (NFS SET_TO_SERVER_TIME4) but only the owner an explicit time.
 # The value of fuse.operations.NOW, so the filesystem passes the kernel's times through.
 NOW = -1
+# What a backend raises when the server did not answer (well): a lost connection, a timeout.  Where
+# a failed request could be followed by another one in the same operation, these end it instead:
+# the next request would wait as long again.
+UNREACHABLE = (errno.EIO, errno.ETIMEDOUT)
 
 
 class NotSupported(Exception):
