@@ -969,14 +969,24 @@ class Filesystem(Operations):
             if named is not None:
                 named.named = True
         out = []
+        if named is not None:  # names alone but for directories the kernel holds (_named_entry): the
+            for d in entries:  # fast path of a walk, taken for every directory it enters
+                if not fits(d.name):
+                    break
+                entry = None
+                if d.type == DT_DIR and d.name not in (b".", b".."):
+                    entry = self._named_entry(inode, d.name, named)
+                    if entry is not None:
+                        d.ino = entry.attr.ino
+                out.append((d, entry))
+            return out
         for d in entries:
             if not fits(d.name):
                 break
             entry = None
             if d.name not in (b".", b".."):
                 try:
-                    entry = (self._named_entry(inode, d.name, named) if named is not None else
-                             await self._plus_entry(ctx, inode, d.name, listing))
+                    entry = await self._plus_entry(ctx, inode, d.name, listing)
                 except FileNotFoundError:
                     pass  # vanished since listed: a zero entry tells the kernel nothing
                 if entry is not None and entry.nodeid == 0:
@@ -1019,6 +1029,8 @@ class Filesystem(Operations):
         if inode.source is None:
             return None, dots + [(os.fsencode(s.name), self._ino_of(self.roots[s.index]), 4) for s in self.sources]
         listing = await self._valid_listing(inode, stats=plus)
+        if not self.multi:  # the server's numbers, as _ino gives them
+            return listing, dots + [(i.name, i.ino, i.type) for i in listing.items.values()]
         return listing, dots + [(i.name, self._ino(inode.source, i.ino), i.type) for i in listing.items.values()]
 
     async def _valid_listing(self, inode, relist_within=None, stats=False):
