@@ -335,3 +335,35 @@ async def test_passthrough_handles_of_a_node_share_one_backing_id(monkeypatch):
         assert again not in (first, other)  # a fresh id: the last release gave the old one back
         assert ioctls[-1] == (abi.DEV_IOC_BACKING_CLOSE, other.to_bytes(4, "little"))
         nursery.cancel_scope.cancel()
+
+
+class Writes(Operations):
+    """Records the offsets of the WRITEs it takes, by node, the first of each pair taking a while."""
+
+    def __init__(self):
+        self.order = {}
+
+    async def write(self, ctx, nodeid, fh, offset, data, kill_suidgid):
+        if offset % 2 == 0:
+            await trio.sleep(0.001)
+        self.order.setdefault(nodeid, []).append(offset)
+        return len(data)
+
+
+async def test_writes_to_one_file_are_taken_in_the_order_the_kernel_sent_them():
+    """The scheduler runs the tasks it starts in any order: a copy recognised in written data
+    (recognise.py) follows a file's bytes in the order the program wrote them."""
+    ops = Writes()
+    async with trio.open_nursery() as nursery:
+        dev, _, _ = await serving(nursery, ops)
+        sent = {2: [], 3: []}
+        for offset in range(40):
+            for nodeid in sent:
+                dev.send(abi.WRITE, abi.write_in.pack(0, offset, 1, 0, 0, 0, 0) + b"x", nodeid=nodeid)
+                sent[nodeid].append(offset)
+        with trio.fail_after(5):
+            for _ in range(80):
+                _, err, _ = await dev.reply()
+                assert err == 0
+        assert ops.order == sent
+        nursery.cancel_scope.cancel()

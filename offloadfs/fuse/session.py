@@ -5,6 +5,7 @@ runs in its own task under its own cancel scope, so a slow copy never holds
 up a stat, and FUSE_INTERRUPT can cancel exactly the request it names: a
 killed ``cp`` gets EINTR and dies instead of waiting for the copy to end.
 """
+import collections
 import errno
 import fcntl
 import logging
@@ -82,6 +83,10 @@ class Session:
         self.debug = debug
         self.conn = None
         self._inflight = {}  # unique -> CancelScope
+        # nodeid -> the turns (trio.Event) of its WRITEs: they run one at a time, in the order the
+        # kernel sent them, which the scheduler would not keep (a copy recognised in the data
+        # written follows the file's bytes in order: recognise.py).
+        self._writes = {}
         self._backing = {}  # nodeid -> its _Backing while handles use it
         self._backing_of = {}  # fh -> nodeid, for handles opened in passthrough
         self._nursery = None
@@ -167,13 +172,32 @@ class Session:
             return True
         scope = trio.CancelScope()
         self._inflight[unique] = scope
-        self._nursery.start_soon(self._run, handler, scope, unique, nodeid, Ctx(uid, gid, pid), body)
+        turn = self._queue_write(nodeid) if opcode == abi.WRITE else None
+        self._nursery.start_soon(self._run, handler, scope, unique, nodeid, Ctx(uid, gid, pid), body, turn)
         return True
 
-    async def _run(self, handler, scope, unique, nodeid, ctx, body):
+    def _queue_write(self, nodeid):
+        queue = self._writes.setdefault(nodeid, collections.deque())
+        turn = trio.Event()
+        if not queue:
+            turn.set()
+        queue.append(turn)
+        return turn
+
+    def _write_done(self, nodeid, turn):
+        queue = self._writes[nodeid]
+        queue.remove(turn)  # the first, but for one interrupted while it waited
+        if queue:
+            queue[0].set()
+        else:
+            del self._writes[nodeid]
+
+    async def _run(self, handler, scope, unique, nodeid, ctx, body, turn):
         try:
             with scope:
                 try:
+                    if turn is not None:
+                        await turn.wait()
                     self.ops.begin(ctx)
                     out = await handler(self, ctx, nodeid, body)
                 except OSError as e:
@@ -188,6 +212,8 @@ class Session:
             self.reply_error(unique, errno.EINTR)
         finally:
             del self._inflight[unique]
+            if turn is not None:
+                self._write_done(nodeid, turn)
 
     # -- replies and notifications --------------------------------------
 
