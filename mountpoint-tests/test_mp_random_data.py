@@ -32,7 +32,7 @@ NAMES = ("a", "b", "c")
 BLOCK = 4096
 MAX_SIZE = 512 * 1024  # a file grown past this is cut back, so checks stay cheap
 CHECK_EVERY = 1000
-RECOGNISED_BLOCK = 64 * 1024  # offloadfs.recognise.BLOCK
+COPIED = 64 * 1024  # what op_copy_rw reads and writes at a time, as cp-like tools do
 MARGIN = 7  # bytes checked on each side of a touched range
 # nfsd under TCG: 18-23 ms a step (plain) on a quiet machine, 65 ms on a busy one: 20 000 would
 # take 6-22 min; 5000 took 93 s plain and 54 s with writeback_cache
@@ -135,22 +135,24 @@ class Run:
 
     def op_copy_rw(self, name):
         """What cp-like tools without copy_file_range do (recognised as a copy, issue #10): read
-        whole 64 KiB blocks of one file and write them at the same place in another, now and then
-        with one byte changed (that block must be written as it came)."""
+        whole 64 KiB pieces of one file and write them at the same place in another, or half the
+        time elsewhere (an rsync update, dd with seek), now and then with one byte changed (that
+        chunk must be written as it came)."""
         src = self.rng.choice(NAMES)
-        off = self.rng.randrange(0, MAX_SIZE, RECOGNISED_BLOCK)
-        n = self.rng.randrange(1, 4) * RECOGNISED_BLOCK
+        off = self.rng.randrange(0, MAX_SIZE, COPIED)
+        n = self.rng.randrange(1, 4) * COPIED
         data = bytearray(os.pread(self.fd(src), n, off))
         assert data == self.model[src][off:off + n], self.where()
         if not data:
             return  # past the source's end
         if self.rng.random() < 0.2:
             data[self.rng.randrange(len(data))] ^= 0xFF
-        self.note(f"copy_rw({src} -> {name}, {off}, {len(data)})")
+        at = off if self.rng.random() < 0.5 else self.rng.randrange(MAX_SIZE)
+        self.note(f"copy_rw({src} {off} -> {name} {at}, {len(data)})")
         old = len(self.model[name])
-        assert os.pwrite(self.fd(name), data, off) == len(data), self.where()
-        put(self.model[name], off, data)
-        self.check(name, min(old, off), off + len(data))
+        assert os.pwrite(self.fd(name), data, at) == len(data), self.where()
+        put(self.model[name], at, data)
+        self.check(name, min(old, at), at + len(data))
 
     def op_truncate(self, name):
         size = self.rng.randrange(MAX_SIZE + 64 * 1024)

@@ -2,27 +2,30 @@
 
 rsync, shutil (sendfile), dd and tar x copy with read() and write(): the kernel
 never sends us a copy request, so every byte would cross the client's link
-twice.  Here each block of a READ reply is remembered by a strong hash
-(``Served``); a write whose blocks hash the same is not sent but held as a
-pending copy from that file (``Pending``), and committed through the planner's
-offload-only entry (clone, server-side copy) before anything could see the
-difference: close, fsync, a read or size change of the file, a rename, or the
-bound on what all files hold.  The source must be as it was when served
-(size, times, change attribute, file number), checked before and after the
-copy; anything else, and any failure, writes the held bytes instead, so
-nothing written is lost.
+twice.  Here the data of READ replies is cut into chunks and each chunk is
+remembered by a strong hash (``Served``); written data is cut the same way, and
+a chunk that hashes the same as a served one is not sent but held as a pending
+copy from that file (``Pending``), committed through the planner's offload-only
+entry (clone, server-side copy) before anything could see the difference:
+close, fsync, a read or size change of the file, a rename, or the bound on what
+all files hold.  The source must be as it was when served (size, times, change
+attribute, file number), checked before and after the copy; anything else, and
+any failure, writes the held bytes instead, so nothing written is lost.
 
-A block is labelled with a version seen before it was read, never after.  Some
+The cuts are content-defined (FastCDC): where a chunk ends depends on the bytes
+around it, not on its offset, so the same data cuts the same in the file read
+and in the file written, whether it lands at the same offset (cp-like tools,
+rsync's whole-file temporary files, tar x, dd) or shifted (an rsync update
+after bytes were inserted in its basis; dd with skip or seek): after a shift,
+the cuts of the two meet again within a chunk or two.
+
+A chunk is labelled with a version seen before it was read, never after.  Some
 servers change the version by reading: Linux nfsd on xfs (6.1) bumps the change
 attribute with the access time of the first read after a change, so the version
 known before that read (cached, the same for all reads of the file for a while)
 would never match again.  ``Recogniser.read`` asks once more after the first
 read of each version; where it moved, the bytes are read again and labelled
 with the new version, and later reads that knew the old one get the new one.
-
-v1 matches blocks at the same offset modulo BLOCK in source and destination
-(what cp-like tools, rsync's whole-file temporary files, tar x and dd without
-skip/seek produce); data shifted by other amounts is written as usual.
 """
 import collections
 import hashlib
@@ -32,14 +35,22 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import trio
+from pyfastcdc import FastCDC
 
 from .stats import OFFLOADS
 
 log = logging.getLogger(__name__)
 
-BLOCK = 64 << 10
-SERVED_BLOCKS = 1 << 15  # blocks remembered: 2 GiB of served data, some 12 MB of index
-PARTS = 256  # blocks served in part, kept until the rest of them is served
+CHUNKER = FastCDC(32 << 10)  # chunks of 8 KiB to 128 KiB, some 40 KiB on average
+MAX_CHUNK = CHUNKER.max_size
+CUT_AT = 2 * MAX_CHUNK  # data gathered before it is cut: the last chunk of a cut may end where the data did
+SERVED_CHUNKS = 1 << 15  # chunks remembered: some 1.3 GiB of served data, 19 MB of index
+STREAMS = 256  # files whose served data is being cut, least recently read out first
+# Replies past the end of a file's stream wait for the ones before them (readahead completes in any
+# order): while within AHEAD_SPAN of it, fewer than AHEAD_PIECES of that file, AHEAD_MAX in all.
+AHEAD_SPAN = 16 << 20
+AHEAD_PIECES = 8
+AHEAD_MAX = 64 << 20
 CHECKED = 1024  # files whose version after a read is remembered (Recogniser.read)
 HELD_MAX = 64 << 20  # bytes held for pending copies in all; past it the oldest files commit
 
@@ -49,9 +60,43 @@ def digest(data):
 
 
 def sample(data):
-    """A few bytes of a block: written data whose sample no served block has is passed over
+    """A few bytes of a chunk: written data whose sample no served chunk has is passed over
     without hashing it (hashing every write took 28 % of the daemon's CPU on fresh data)."""
     return len(data), bytes(data[:16]), bytes(data[-16:])
+
+
+def cuts(data, final):
+    """Where the chunks of ``data`` (which begins at a cut) end; the last end is where the data
+    does only if ``final`` (nothing follows it) or the chunk reached MAX_CHUNK."""
+    ends = [c.offset + c.length for c in CHUNKER.cut_buf(data)]
+    if ends and not final and ends[-1] - (ends[-2] if len(ends) > 1 else 0) < MAX_CHUNK:
+        ends.pop()
+    return ends
+
+
+def cut(head, data, final):
+    """Cut ``head + data`` into chunks: ([(buffer, its chunks' ends)], the bytes left for the next
+    cut).  ``head`` begins at a cut (what the last cut left: shorter than MAX_CHUNK);
+    ``final``: nothing follows ``data``.  Only the first chunk past ``head`` is cut from a copy: a
+    cut depends on nothing before its chunk's start, so ``data`` is cut in place from there on
+    (copying every write cost more than cutting it)."""
+    if not head:
+        ends = cuts(data, final)
+        return [(data, ends)], bytes(data[ends[-1] if ends else 0:])
+    joined = bytes(head) + bytes(data[:MAX_CHUNK])
+    if len(data) <= MAX_CHUNK:
+        ends = cuts(joined, final)
+        return [(joined, ends)], joined[ends[-1] if ends else 0:]
+    ends = cuts(joined, False)  # the first chunk to end past head is decided: more follows it
+    taken = next((i for i, end in enumerate(ends) if end >= len(head)), None)
+    if taken is None:  # not so for a head that was not left by a cut: all of it from a copy
+        joined = bytes(head) + bytes(data)
+        ends = cuts(joined, final)
+        return [(joined, ends)], joined[ends[-1] if ends else 0:]
+    taken += 1
+    rest = memoryview(data)[ends[taken - 1] - len(head):]
+    more = cuts(rest, final)
+    return [(joined, ends[:taken]), (rest, more)], bytes(rest[more[-1] if more else 0:])
 
 
 def version(st, inode):
@@ -62,8 +107,8 @@ def version(st, inode):
 
 
 @dataclass(slots=True, frozen=True)
-class Block:
-    """One block as served: ``source`` is the file's inode key; a short block ends the file."""
+class Chunk:
+    """One chunk as served: ``source`` is the file's inode key."""
     source: tuple
     offset: int
     length: int
@@ -72,78 +117,156 @@ class Block:
     sample: tuple
 
 
+@dataclass(slots=True)
+class Stream:
+    """The data served from one file in a row, as of one version: what is not cut yet begins at
+    ``start``; replies past its end wait in ``ahead`` (offset -> (bytes, at the end of the file))."""
+    version: tuple
+    start: int
+    begun: int = 0  # where it began
+    data: bytearray = field(default_factory=bytearray)
+    ahead: dict = field(default_factory=dict)
+    eof: bool = False
+    cut: bool = False  # chunks were cut from it: it can no longer begin earlier
+    # A stream whose first reply completed after later ones had been cut: it ends where those
+    # began (``until``), and ``then`` goes on from there.
+    until: int | None = None
+    then: "Stream | None" = None
+    # Its first CUT_AT bytes, while a stream could yet end where this one began (one that begins
+    # past the file's start, for AHEAD_SPAN): cut across from that one's data, they are copied too.
+    head: bytes | None = None
+
+    def end(self):
+        return self.start + len(self.data)
+
+
 class Served:
-    """The blocks of recent READ replies, by hash and by place, least recently served out first.
+    """The chunks of recent READ replies, by hash and by place, least recently served out first.
 
-    The kernel's readahead does not keep to our blocks, and its replies may complete in any
-    order: the parts of a block at either end of a reply are kept (``parts``) until the replies
-    that hold the rest of it, served as of the same version, complete it."""
+    A file's replies are cut in the order of their offsets (``Stream``): the kernel's readahead
+    may complete them in any order, and a reply that does not follow the ones before (a seek, or
+    another version) begins a new stream."""
 
-    def __init__(self, limit=SERVED_BLOCKS):
+    def __init__(self, limit=SERVED_CHUNKS):
         self.limit = limit
         self.by_digest = OrderedDict()
-        self.samples = collections.Counter()  # sample -> blocks in by_digest that have it
-        self.at = OrderedDict()  # (source, offset) -> Block, the last served last; at most twice limit
-        self.parts = OrderedDict()  # (source, block offset) -> (version, {offset: bytes}, where the block ends)
+        self.samples = collections.Counter()  # sample -> chunks in by_digest that have it
+        self.at = OrderedDict()  # (source, offset) -> Chunk, the last served last; at most twice limit
+        self.streams = OrderedDict()  # source -> Stream
+        self.ahead = 0  # bytes in the streams' ahead
 
     def add(self, source, ver, offset, data, eof):
         """``data`` was served from ``source`` (as of ``ver``, taken before the read) at ``offset``;
-        ``eof``: the reply reached the end of the file, so its short last block counts too."""
-        view = memoryview(data)
-        end = offset + len(view)
-        pos = -(-offset // BLOCK) * BLOCK
-        if offset % BLOCK:
-            head = min(pos, end)
-            self._part(source, ver, offset, view[:head - offset], eof and head == end)
-        while pos < end:
-            n = min(BLOCK, end - pos)
-            if n < BLOCK and not eof:
-                self._part(source, ver, pos, view[pos - offset:], False)
+        ``eof``: the reply reached the end of the file."""
+        first = s = self.streams.get(source)
+        while s is not None and s.then is not None and offset >= s.until:
+            s = s.then
+        if s is not None and s.version == ver and s.cut and s is first and s.begun - AHEAD_SPAN <= offset < s.begun:
+            # Not the first reply asked for, but the first ones cut: a stream of its own up to them.
+            s = self.streams[source] = Stream(ver, offset, offset, until=s.begun, then=s)
+        elif s is not None and s.version == ver and not s.cut and s.start - AHEAD_SPAN <= offset < s.start:
+            # Not the first reply asked for, but the first to complete: the stream begins here.
+            if s.data:
+                s.ahead[s.start] = (bytes(s.data), s.eof)
+                self.ahead += len(s.data)
+            s.data, s.start, s.begun, s.eof = bytearray(), offset, offset, False
+            s.head = b"" if offset else None
+        if s is not None and s.version == ver and s.start <= offset <= s.end() + AHEAD_SPAN:
+            self.streams.move_to_end(source)
+        else:
+            if first is not None:
+                self._end(source, first)
+            s = self.streams[source] = Stream(ver, offset, offset, head=b"" if offset else None)
+            while len(self.streams) > STREAMS:
+                self._end(*next(iter(self.streams.items())))
+        if offset > s.end():
+            if offset not in s.ahead:
+                s.ahead[offset] = (bytes(data), eof)
+                self.ahead += len(data)
+            if len(s.ahead) < AHEAD_PIECES and self.ahead <= AHEAD_MAX:
+                return
+            # A gap that the replies in flight will not fill (the reader skipped it): go on past it.
+            self._cut(source, s)
+            s.data.clear()
+            s.start, s.cut = min(s.ahead), True
+        else:
+            self._append(source, s, offset, data, eof)
+        while s.ahead and min(s.ahead) <= s.end():
+            at = min(s.ahead)
+            piece, last = s.ahead.pop(at)
+            self.ahead -= len(piece)
+            self._append(source, s, at, piece, last)
+        if s.until is not None and s.end() >= s.until:  # it reached the stream that goes on
+            self._put_cuts(source, s.version, s.start, cut(s.data, s.then.head or b"", False)[0])
+            self.ahead -= sum(len(piece) for piece, _ in s.ahead.values())
+            self.streams[source] = s.then
+        for other in [k for k, o in self.streams.items() if o.ahead and k != source]:
+            if self.ahead <= AHEAD_MAX:
                 break
-            known = self.at.get((source, pos))
-            if known is not None and known.version == ver and known.length == n:
-                self.by_digest[known.digest] = known  # the same bytes again: no need to hash them
-                self.by_digest.move_to_end(known.digest)
-            else:
-                data = view[pos - offset:pos - offset + n]
-                self._put(Block(source, pos, n, ver, digest(data), sample(data)))
-            pos += n
+            self._end(other, self.streams[other])
 
-    def _part(self, source, ver, start, data, last):
-        """Part of the block that holds ``start``; ``last``: the file ends with it.  Once the parts
-        of one version cover the block, it is served."""
-        pos = start - start % BLOCK
-        held = self.parts.pop((source, pos), None)
-        pieces, stop = (held[1], held[2]) if held is not None and held[0] == ver else ({}, pos + BLOCK)
-        pieces[start] = bytes(data)
-        if last:
-            stop = start + len(data)
-        joined, cursor = [], pos
-        for at in sorted(pieces):
-            if at > cursor:
-                break
-            if at + len(pieces[at]) > cursor:
-                joined.append(pieces[at][cursor - at:])
-                cursor = at + len(pieces[at])
-        if cursor >= stop:
-            block = b"".join(joined)[:stop - pos]
-            self._put(Block(source, pos, len(block), ver, digest(block), sample(block)))
+    def _append(self, source, s, offset, data, eof):
+        skip = s.end() - offset  # served before, in this stream
+        if s.until is not None and offset + len(data) > s.until:
+            data, eof = memoryview(data)[:s.until - offset], False  # the stream that goes on has the rest
+        if skip > len(data) or (skip == len(data) and not eof):
             return
-        self.parts[(source, pos)] = (ver, pieces, stop)
-        while len(self.parts) > PARTS:
-            self.parts.popitem(last=False)
+        data = memoryview(data)[skip:]
+        s.eof = eof
+        if s.head is not None:
+            if s.end() > s.begun + AHEAD_SPAN:
+                s.head = None  # no reply before it is still in flight
+            elif len(s.head) < CUT_AT:
+                s.head += data[:CUT_AT - len(s.head)]
+        if eof or len(s.data) + len(data) >= CUT_AT:
+            self._cut(source, s, data)
+        else:
+            s.data += data
 
-    def _put(self, block):
-        old = self.at.get((block.source, block.offset))
+    def _end(self, source, s):
+        """The stream ends (and those it goes on into): its data is cut where the content says,
+        but for the last chunk, unless it ends the file."""
+        del self.streams[source]
+        while s is not None:
+            self.ahead -= sum(len(piece) for piece, _ in s.ahead.values())
+            self._cut(source, s)
+            s = s.then
+
+    def _cut(self, source, s, data=b""):
+        """Cut what ``s`` holds and ``data``, which follows it; what is left waits in ``s``."""
+        groups, rest = cut(s.data, data, s.eof)
+        pos = self._put_cuts(source, s.version, s.start, groups)
+        s.cut = s.cut or pos > s.start
+        s.data, s.start = bytearray(rest), pos
+
+    def _put_cuts(self, source, ver, pos, groups):
+        """Put the chunks ``cut`` gave for data at ``pos``; where they end."""
+        for buf, ends in groups:
+            view = memoryview(buf)
+            begin = 0
+            for end in ends:
+                known = self.at.get((source, pos + begin))
+                if known is not None and known.version == ver and known.length == end - begin:
+                    self.by_digest[known.digest] = known  # the same bytes again: no need to hash them
+                    self.by_digest.move_to_end(known.digest)
+                else:
+                    piece = view[begin:end]
+                    self._put(Chunk(source, pos + begin, end - begin, ver, digest(piece), sample(piece)))
+                begin = end
+            pos += begin
+        return pos
+
+    def _put(self, chunk):
+        old = self.at.get((chunk.source, chunk.offset))
         if old is not None and self.by_digest.get(old.digest) is old:
             self._drop(old)
-        if block.digest not in self.by_digest:
-            self.samples[block.sample] += 1
-        self.by_digest[block.digest] = block
-        self.by_digest.move_to_end(block.digest)
-        self.at.pop((block.source, block.offset), None)
-        self.at[(block.source, block.offset)] = block
-        while len(self.at) > 2 * self.limit:  # blocks of bytes served since from elsewhere (zeros) stay here
+        if chunk.digest not in self.by_digest:
+            self.samples[chunk.sample] += 1
+        self.by_digest[chunk.digest] = chunk
+        self.by_digest.move_to_end(chunk.digest)
+        self.at.pop((chunk.source, chunk.offset), None)
+        self.at[(chunk.source, chunk.offset)] = chunk
+        while len(self.at) > 2 * self.limit:  # chunks of bytes served since from elsewhere (zeros) stay here
             self.at.popitem(last=False)
         while len(self.by_digest) > self.limit:
             gone = next(iter(self.by_digest.values()))
@@ -151,27 +274,27 @@ class Served:
             if self.at.get((gone.source, gone.offset)) is gone:
                 del self.at[(gone.source, gone.offset)]
 
-    def _drop(self, block):
-        del self.by_digest[block.digest]
-        self.samples[block.sample] -= 1
-        if not self.samples[block.sample]:
-            del self.samples[block.sample]
+    def _drop(self, chunk):
+        del self.by_digest[chunk.digest]
+        self.samples[chunk.sample] -= 1
+        if not self.samples[chunk.sample]:
+            del self.samples[chunk.sample]
 
     def find(self, data, next_to=None, offset=None):
-        """The served block of the bytes ``data``, written at ``offset``.  ``next_to`` ((source,
+        """The served chunk of the bytes ``data``, written at ``offset``.  ``next_to`` ((source,
         offset)) is asked first, so that a run from one file goes on there rather than jumping to
-        another file with the same bytes; then the block at ``offset`` in the file that served those
-        bytes last, as cp-like tools copy to the same offsets, so that a file of one repeated block
-        (zeros) makes one run, not a run a block from wherever that block was served last."""
+        another file with the same bytes; then the chunk at ``offset`` in the file that served those
+        bytes last, as cp-like tools copy to the same offsets, so that a file of one repeated chunk
+        (zeros) makes one run, not a run a chunk from wherever that chunk was served last."""
         if sample(data) not in self.samples:
             return None
         hashed, length = digest(data), len(data)
-        block = self.by_digest.get(hashed)
-        for place in (next_to, None if block is None else (block.source, offset)):
+        chunk = self.by_digest.get(hashed)
+        for place in (next_to, None if chunk is None else (chunk.source, offset)):
             here = self.at.get(place)
             if here is not None and here.digest == hashed and here.length == length:
                 return here
-        return block if block is not None and block.length == length else None
+        return chunk if chunk is not None and chunk.length == length else None
 
 
 @dataclass(slots=True)
@@ -187,9 +310,10 @@ class Run:
 
 @dataclass(slots=True)
 class Pending:
-    """What one file holds: runs to commit, and the window (the written tail short of a block,
-    not yet decided).  ``handle`` is the open file the data came through and is committed by."""
-    key: tuple = ()  # the file's inode key: its own blocks are no source for it
+    """What one file holds: runs to commit, and the window (the data written in a row since the
+    last cut, not yet decided).  ``handle`` is the open file the data came through and is
+    committed by."""
+    key: tuple = ()  # the file's inode key: its own chunks are no source for it
     handle: object = None
     runs: list = field(default_factory=list)
     window_at: int = 0
@@ -205,7 +329,7 @@ class Pending:
 
 
 class Recogniser:
-    """Served blocks and the pending copies of a mount.
+    """Served chunks and the pending copies of a mount.
 
     ``send(handle, offset, data)`` writes to the server as usual (maybe still on its way when it
     returns: writebehind.py), ``drain(inode)`` waits for what was sent to ``inode``, ``source_of(key)``
@@ -229,7 +353,7 @@ class Recogniser:
     # -- reads --------------------------------------------------------------------------
 
     async def read(self, inode, file, offset, size, st):
-        """READ ``size`` bytes at ``offset`` through ``file``, their blocks remembered as served.
+        """READ ``size`` bytes at ``offset`` through ``file``, their chunks remembered as served.
         ``st``: the file's attributes as known before the read (maybe cached)."""
         backend = inode.source.backend
         ver = version(st, inode)
@@ -258,8 +382,8 @@ class Recogniser:
     # -- writes -------------------------------------------------------------------------
 
     async def write(self, h, offset, data):
-        """Take a write through ``h``: its copied blocks are held, the rest sent; returns once each
-        byte is one or the other (the last partial block waits in the window)."""
+        """Take a write through ``h``: its copied chunks are held, the rest sent; returns once each
+        byte is one or the other (the chunks the next write may change wait in the window)."""
         inode = h.inode
         if inode.pending is None:
             inode.pending = Pending(inode.key)
@@ -277,55 +401,44 @@ class Recogniser:
     async def _write(self, p, offset, view):
         end = offset + len(view)
         if p.window and offset != p.window_at + len(p.window):
-            await self._decide(p)
+            await self._take(p, final=True)  # not in a row: the window will not grow
         if any(r.dst < end and offset < r.dst + r.length for r in p.runs):
             await self._commit_runs(p)  # written over: what was held goes first
-        if p.window:  # this write goes on from the window
-            need = BLOCK - len(p.window)
-            p.window += view[:need]
-            if len(p.window) < BLOCK:
+        if not p.window:
+            if not (self.served.by_digest or self.served.streams):
+                await self.send(p.handle, offset, view)  # nothing served to match: not worth cutting
                 return
-            at, block = p.window_at, bytes(p.window)
-            p.window = bytearray()
-            await self._take(p, at, memoryview(block))
-            offset, view = offset + need, view[need:]
-        start = -(-offset // BLOCK) * BLOCK
-        if start > offset:  # the bytes before a block boundary can never make a block
-            await self.send(p.handle, offset, view[:start - offset])
-            if start >= end:
-                return
-            offset, view = start, view[start - offset:]
-        await self._take(p, offset, view)
-
-    async def _take(self, p, offset, view):
-        """Decide the whole blocks of ``view`` (``offset`` is on a block boundary); the rest waits."""
-        plain = None  # index where the bytes not matched so far begin
-        i = 0
-        while len(view) - i >= BLOCK:
-            block = view[i:i + BLOCK]
-            served = self._find(p, offset + i, block)
-            if served is None:
-                plain = i if plain is None else plain
-            else:
-                if plain is not None:
-                    await self.send(p.handle, offset + plain, view[plain:i])
-                    plain = None
-                self._hold(p, offset + i, block, served)
-            i += BLOCK
-        if plain is not None:
-            await self.send(p.handle, offset + plain, view[plain:i])
-        if i < len(view):
-            p.window_at, p.window = offset + i, bytearray(view[i:])
-
-    async def _decide(self, p):
-        """The window will not grow into a whole block: it is the source's short last block, or sent."""
-        at, data = p.window_at, bytes(p.window)
-        p.window = bytearray()
-        served = self._find(p, at, data)
-        if served is None:
-            await self.send(p.handle, at, data)
+            p.window_at = offset
+        if len(p.window) + len(view) < CUT_AT:
+            p.window += view
         else:
-            self._hold(p, at, memoryview(data), served)
+            await self._take(p, view)
+
+    async def _take(self, p, view=b"", final=False):
+        """Decide the chunks of the window and of ``view``, which follows it: each one served is
+        held, the others sent, together where they follow each other; unless ``final``, the last
+        one waits in the window for what follows it."""
+        groups, rest = cut(p.window, view, final)
+        pos = p.window_at
+        for buf, ends in groups:
+            view = memoryview(buf)
+            plain = None  # where the bytes not matched so far begin
+            begin = 0
+            for end in ends:
+                chunk = view[begin:end]
+                served = self._find(p, pos + begin, chunk)
+                if served is None:
+                    plain = begin if plain is None else plain
+                else:
+                    if plain is not None:
+                        await self.send(p.handle, pos + plain, view[plain:begin])
+                        plain = None
+                    self._hold(p, pos + begin, chunk, served)
+                begin = end
+            if plain is not None:
+                await self.send(p.handle, pos + plain, view[plain:begin])
+            pos += begin
+        p.window, p.window_at = bytearray(rest), pos
 
     def _find(self, p, dst, data):
         next_to = None
@@ -365,7 +478,7 @@ class Recogniser:
 
     async def _commit(self, p):
         if p.window:
-            await self._decide(p)
+            await self._take(p, final=True)
         await self._commit_runs(p)
 
     async def _commit_runs(self, p):

@@ -2,13 +2,14 @@
 import os
 from types import SimpleNamespace
 
+import pytest
 import trio
 import trio.testing
 
 from offloadfs.backends.base import Backend, Stat
 from offloadfs.planner import Endpoint, Planner
 from offloadfs import recognise
-from offloadfs.recognise import BLOCK, Recogniser, Served
+from offloadfs.recognise import CUT_AT, MAX_CHUNK, Recogniser, Served
 from offloadfs.writebehind import WriteBehind
 from offloadfs.stats import Stats
 
@@ -105,7 +106,9 @@ class Mount:
         return self.stats.snapshot()["counters"]
 
 
+BLOCK = 64 << 10  # what a write or a read carries here, as the kernel's often do
 DATA = os.urandom(5 * BLOCK + 1000)
+BIG = os.urandom(4 << 20)
 
 
 async def copy(m, h, data, chunk):
@@ -128,15 +131,13 @@ async def test_served_data_is_held_then_cloned():
     assert m.rec.held == 0
 
 
-async def test_a_file_of_one_repeated_block_is_one_copy_from_the_same_offsets():
-    """dd if=/dev/zero after reading a file of zeros: every block has the digest of the block served
+async def test_a_file_of_one_repeated_chunk_is_one_copy_from_the_same_offsets():
+    """dd if=/dev/zero after reading a file of zeros: every chunk has the digest of the chunk served
     last (the file's end, say).  A run is matched from the same offset as the write, as cp-like tools
-    copy, so it goes on rather than restart at that one block 1024 times (3.5 s against 0.3 s, 64 MiB)."""
-    zeros = bytes(8 * BLOCK)
+    copy, so it goes on rather than restart at that one chunk 1024 times (3.5 s against 0.3 s, 64 MiB)."""
+    zeros = bytes(8 * MAX_CHUNK)
     m = Mount(zeros)
-    for pos in reversed(range(0, len(zeros), BLOCK)):  # the last reply to complete: the first block
-        await m.serve(pos, BLOCK)
-    await m.serve(7 * BLOCK, BLOCK)  # now the last block is the one served last
+    await m.serve()
     h = m.handle("dst")
     await copy(m, h, zeros, BLOCK)
     await m.rec.commit(h.inode)
@@ -144,13 +145,22 @@ async def test_a_file_of_one_repeated_block_is_one_copy_from_the_same_offsets():
     assert m.counters()["copies"]["clone"] == 1
 
 
-async def test_fresh_data_is_sent_at_once_but_for_one_partial_block():
+async def test_fresh_data_is_sent_at_once_while_nothing_was_served():
     m = Mount(DATA)
     h = m.handle("dst")
-    await copy(m, h, DATA, 10_000)  # never served
-    assert m.server.sent == 5 * BLOCK  # the window holds less than a block
+    await copy(m, h, DATA, 10_000)
+    assert m.server.sent == len(DATA) and h.inode.pending.end() == 0
+
+
+async def test_fresh_data_is_sent_at_once_but_for_what_waits_for_its_cut():
+    m = Mount(DATA)
+    await m.serve()
+    h = m.handle("dst")
+    fresh = os.urandom(len(BIG))
+    await copy(m, h, fresh, 10_000)
+    assert m.server.sent >= len(fresh) - CUT_AT - 10_000
     await m.rec.commit(h.inode)
-    assert bytes(h.file) == DATA and m.counters()["recognised_bytes"] == 0
+    assert bytes(h.file) == fresh and m.counters()["recognised_bytes"] == 0
 
 
 async def test_fresh_data_is_not_hashed_while_nothing_served_looks_like_it(monkeypatch):
@@ -164,17 +174,33 @@ async def test_fresh_data_is_not_hashed_while_nothing_served_looks_like_it(monke
     assert bytes(h.file) == bytes(len(DATA)) and hashed == []
 
 
-async def test_one_changed_byte_sends_that_block_only():
-    m = Mount(DATA)
+async def test_one_changed_byte_sends_the_chunks_around_it_only():
+    m = Mount(BIG)
     await m.serve()
-    changed = bytearray(DATA)
-    changed[2 * BLOCK + 7] ^= 1
+    changed = bytearray(BIG)
+    changed[len(BIG) // 3] ^= 1
     h = m.handle("dst")
     await copy(m, h, changed, BLOCK)
     await m.rec.commit(h.inode)
     assert bytes(h.file) == changed
-    assert m.server.sent == BLOCK
-    assert m.counters()["recognised_bytes"] == len(DATA) - BLOCK
+    assert 0 < m.server.sent <= 2 * MAX_CHUNK
+    assert m.counters()["recognised_bytes"] == len(BIG) - m.server.sent
+
+
+@pytest.mark.parametrize("shift", [b"+", b"inserted " * 100])
+async def test_data_written_shifted_from_where_it_was_served_is_copied(shift):
+    """An rsync update after bytes were inserted into its basis, dd with skip or seek: the served
+    bytes land elsewhere in the file written.  The chunks' cuts meet again after the shift."""
+    m = Mount(BIG)
+    await m.serve()
+    at = len(BIG) // 4 + 12_345
+    written = BIG[:at] + shift + BIG[at:]
+    h = m.handle("dst")
+    await copy(m, h, written, 100_000)
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == written
+    assert m.server.sent <= len(shift) + 2 * MAX_CHUNK
+    assert m.counters()["copies"]["clone"] <= 3  # before the shift, after it, and maybe a chunk at it
 
 
 async def test_reads_that_split_blocks_are_joined():
@@ -189,25 +215,51 @@ async def test_reads_that_split_blocks_are_joined():
 
 async def test_reads_that_split_blocks_are_joined_in_any_order():
     """Readahead keeps several READs in flight and their replies complete in any order (on nfsd under
-    load the first one last, as it asks for the attributes again): a block split between two replies
-    is still served once both are in."""
-    m = Mount(DATA)
-    pieces = list(range(0, len(DATA), 12_288))
-    for pos in pieces[1::2] + pieces[::2]:
-        await m.serve(pos, 12_288)
+    load the first one last, as it asks for the attributes again): the data is cut in the order of
+    its offsets once the replies before are in."""
+    m = Mount(BIG)
+    pieces = list(range(0, len(BIG), 12_288))
+    for group in range(0, len(pieces), 4):
+        for pos in reversed(pieces[group:group + 4]):
+            await m.serve(pos, 12_288)
     h = m.handle("dst")
-    await copy(m, h, DATA, BLOCK)
+    await copy(m, h, BIG, BLOCK)
     await m.rec.commit(h.inode)
-    assert bytes(h.file) == DATA and m.server.sent == 0
+    assert bytes(h.file) == BIG and m.server.sent == 0
 
 
-def test_parts_of_a_block_served_as_of_other_versions_are_not_joined():
+async def test_the_first_reply_completing_after_later_ones_were_cut_is_joined_to_them():
+    """Seen with dd bs=1M on a local source: the second MiB's reply completed first (and was cut at
+    once), the first one next, then MiBs 5, 4, 3, 2: no gap may be left waiting for bytes that the
+    first stream already had."""
+    data = os.urandom(8 << 20)
+    m = Mount(data)
+    mib = 1 << 20
+    for n in (1, 0, 5, 4, 3, 2, 6, 7):
+        await m.serve(n * mib, mib)
+    h = m.handle("dst")
+    await copy(m, h, data, mib)
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == data and m.server.sent == 0
+
+
+def test_a_gap_the_replies_in_flight_do_not_fill_is_passed():
+    """A reader that skips part of a file (rsync reads only the basis blocks it uses): what it
+    read after the gap is cut too, once more replies wait than readahead keeps in flight."""
     s = Served()
-    s.add((0, "f"), ("v1",), 0, b"a" * 1000, eof=False)
-    s.add((0, "f"), ("v2",), 1000, b"a" * (BLOCK - 1000), eof=False)
-    assert not s.by_digest
-    s.add((0, "f"), ("v2",), 0, b"a" * 1000, eof=False)
-    assert s.at[((0, "f"), 0)].version == ("v2",)
+    f = (0, "f")
+    for pos in range(0, len(BIG), BLOCK):
+        if pos != 4 * BLOCK:
+            s.add(f, (), pos, BIG[pos:pos + BLOCK], eof=pos + BLOCK >= len(BIG))
+    assert max(c.offset + c.length for c in s.by_digest.values()) == len(BIG)
+
+
+def test_data_served_as_of_two_versions_is_never_one_chunk():
+    s = Served()
+    f = (0, "f")
+    s.add(f, ("v1",), 0, BIG[:1000], eof=False)
+    s.add(f, ("v2",), 1000, BIG[1000:], eof=True)
+    assert s.by_digest and all(c.version == ("v2",) and c.offset >= 1000 for c in s.by_digest.values())
 
 
 async def test_a_source_changed_since_served_gets_the_held_bytes_written():
@@ -281,14 +333,15 @@ async def test_overwriting_held_data_commits_it_first():
 
 
 async def test_past_the_bound_the_oldest_file_commits():
-    m = Mount(DATA, held_max=2 * BLOCK)
+    m = Mount(BIG, held_max=1 << 20)
     await m.serve()
     a, b = m.handle("a"), m.handle("b")
-    await copy(m, a, DATA[:2 * BLOCK], BLOCK)
-    assert len(a.file) == 0
-    await copy(m, b, DATA[:BLOCK], BLOCK)
-    assert bytes(a.file) == DATA[:2 * BLOCK] and len(b.file) == 0
-    assert m.rec.held == BLOCK
+    await copy(m, a, BIG[:1 << 20], BLOCK)
+    held = m.rec.held
+    assert 0 < held <= 1 << 20 and len(a.file) == 0
+    await copy(m, b, BIG[:1 << 20], BLOCK)
+    assert bytes(a.file) == BIG[:held] and len(b.file) == 0
+    assert 0 < m.rec.held <= 1 << 20
 
 
 async def test_a_file_is_no_source_for_itself():
@@ -296,6 +349,7 @@ async def test_a_file_is_no_source_for_itself():
     await m.serve()
     h = SimpleNamespace(inode=m.src, file=m.src.node)
     await m.rec.write(h, 0, DATA[:BLOCK])
+    await m.rec.commit(m.src)
     assert m.server.sent == BLOCK and m.counters()["recognised_bytes"] == 0
 
 
@@ -321,18 +375,19 @@ def test_a_write_still_on_its_way_lands_before_a_copy_over_it():
     trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-def test_served_keeps_the_short_block_only_at_the_end():
+def test_served_cuts_where_the_data_ends_only_at_the_end_of_the_file():
     s = Served()
-    s.add((0, "f"), (), 0, b"a" * (BLOCK + 10), eof=False)
-    assert len(s.by_digest) == 1
-    s.add((0, "f"), (), BLOCK, b"a" * 10, eof=True)
-    assert len(s.by_digest) == 2 and s.at[((0, "f"), BLOCK)].length == 10
+    f = (0, "f")
+    s.add(f, (), 0, BIG[:CUT_AT + 10], eof=False)
+    assert s.by_digest and max(c.offset + c.length for c in s.by_digest.values()) < CUT_AT + 10
+    s.add(f, (), CUT_AT + 10, BIG[CUT_AT + 10:CUT_AT + 20], eof=True)
+    assert max(c.offset + c.length for c in s.by_digest.values()) == CUT_AT + 20
 
 
 def test_served_forgets_the_oldest_past_its_limit():
     s = Served(limit=2)
     for i in range(3):
-        s.add((0, i), (), 0, bytes([i]) * BLOCK, eof=False)
+        s.add((0, i), (), 0, bytes([i]) * 4096, eof=True)
     assert ((0, 0), 0) not in s.at and len(s.by_digest) == 2
 
 
@@ -340,7 +395,7 @@ def test_served_bounds_the_places_of_bytes_served_many_times():
     """Zeros read from many files share one digest: their places must not grow without end."""
     s = Served(limit=2)
     for i in range(10):
-        s.add((0, i), (), 0, bytes(BLOCK), eof=False)
+        s.add((0, i), (), 0, bytes(4096), eof=True)
     assert len(s.by_digest) == 1 and len(s.at) == 4 and ((0, 9), 0) in s.at
 
 
