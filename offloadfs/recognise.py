@@ -46,6 +46,7 @@ MAX_CHUNK = CHUNKER.max_size
 CUT_AT = 2 * MAX_CHUNK  # data gathered before it is cut: the last chunk of a cut may end where the data did
 SERVED_CHUNKS = 1 << 15  # chunks remembered: some 1.3 GiB of served data, 19 MB of index
 STREAMS = 256  # files whose served data is being cut, least recently read out first
+VERSIONS = 4096  # files whose last version served is remembered (Served.find)
 # Replies past the end of a file's stream wait for the ones before them (readahead completes in any
 # order): while within AHEAD_SPAN of it, fewer than AHEAD_PIECES of that file, AHEAD_MAX in all.
 AHEAD_SPAN = 16 << 20
@@ -153,11 +154,18 @@ class Served:
         self.samples = collections.Counter()  # sample -> chunks in by_digest that have it
         self.at = OrderedDict()  # (source, offset) -> Chunk, the last served last; at most twice limit
         self.streams = OrderedDict()  # source -> Stream
+        # source -> the version its last reply was served as: chunks of an older one are not found
+        # (the source changed since: a copy from them would be written after all).
+        self.versions = OrderedDict()
         self.ahead = 0  # bytes in the streams' ahead
 
     def add(self, source, ver, offset, data, eof):
         """``data`` was served from ``source`` (as of ``ver``, taken before the read) at ``offset``;
         ``eof``: the reply reached the end of the file."""
+        self.versions[source] = ver
+        self.versions.move_to_end(source)
+        while len(self.versions) > VERSIONS:
+            self.versions.popitem(last=False)
         first = s = self.streams.get(source)
         while s is not None and s.then is not None and offset >= s.until:
             s = s.then
@@ -290,11 +298,11 @@ class Served:
             return None
         hashed, length = digest(data), len(data)
         chunk = self.by_digest.get(hashed)
-        for place in (next_to, None if chunk is None else (chunk.source, offset)):
-            here = self.at.get(place)
-            if here is not None and here.digest == hashed and here.length == length:
+        for here in (self.at.get(next_to), None if chunk is None else self.at.get((chunk.source, offset)), chunk):
+            if (here is not None and here.digest == hashed and here.length == length
+                    and self.versions.get(here.source, here.version) == here.version):
                 return here
-        return chunk if chunk is not None and chunk.length == length else None
+        return None
 
 
 @dataclass(slots=True)
