@@ -196,7 +196,7 @@ class Session:
         try:
             with scope:
                 try:
-                    if turn is not None:
+                    if turn is not None and not turn.is_set():  # (waiting on a set Event still yields)
                         await turn.wait()
                     self.ops.begin(ctx)
                     out = await handler(self, ctx, nodeid, body)
