@@ -45,7 +45,7 @@ CHUNKER = FastCDC(32 << 10)  # chunks of 8 KiB to 128 KiB, some 40 KiB on averag
 MAX_CHUNK = CHUNKER.max_size
 CUT_AT = 2 * MAX_CHUNK  # data gathered before it is cut: the last chunk of a cut may end where the data did
 SERVED_CHUNKS = 1 << 15  # chunks remembered: some 1.3 GiB of served data, 19 MB of index
-STREAMS = 256  # files whose served data is being cut, least recently read out first
+STREAMS = 64  # files whose served data is being cut, least recently read out first
 VERSIONS = 4096  # files whose last version served is remembered (Served.find)
 # Replies past the end of a file's stream wait for the ones before them (readahead completes in any
 # order): while within AHEAD_SPAN of it, fewer than AHEAD_PIECES of that file, AHEAD_MAX in all.
@@ -255,8 +255,7 @@ class Served:
             for end in ends:
                 known = self.at.get((source, pos + begin))
                 if known is not None and known.version == ver and known.length == end - begin:
-                    self.by_digest[known.digest] = known  # the same bytes again: no need to hash them
-                    self.by_digest.move_to_end(known.digest)
+                    self._put(known)  # the same bytes again: no need to hash them
                 else:
                     piece = view[begin:end]
                     self._put(Chunk(source, pos + begin, end - begin, ver, digest(piece), sample(piece)))

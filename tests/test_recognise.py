@@ -436,3 +436,18 @@ def test_chunks_of_a_version_the_file_has_since_left_are_not_found():
     s.add(f, ("v2",), 12_345, BIG[12_345:], eof=True)
     found = s.find(piece, offset=old.offset)
     assert found is None or found.version == ("v2",)
+
+
+def test_a_chunk_served_again_after_its_bytes_were_forgotten_is_found():
+    """Bytes served again at the same place and version are not hashed again.  Zeros served by two
+    files share a digest; once the later one is forgotten (least recently served), the earlier
+    one, served again, must be found."""
+    s = Served(limit=2)
+    zeros = bytes(4096)
+    for name in ("a", "b"):
+        s.add((0, name), (), 0, zeros, eof=True)
+    for name in ("g", "h"):
+        s.add((0, name), (), 0, name.encode() * 4096, eof=True)
+    assert s.find(zeros, offset=0) is None  # forgotten
+    s.add((0, "a"), (), 0, zeros, eof=True)
+    assert s.find(zeros, offset=0) is not None
