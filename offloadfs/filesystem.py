@@ -144,7 +144,7 @@ class Filesystem(Operations):
         self.kernel = None
         self._dropping = set()  # trio.Events of kernel names being dropped (see _drop_other_names)
         self._fetching = {}  # nodeid -> Fetching: a directory being listed (see _valid_listing)
-        self.behind = WriteBehind(self._sent_behind, self._where)
+        self.behind = WriteBehind(self._sent_behind, self._cut_behind, self._where)
         self.recogniser = None
         # Sources whose reads are remembered, and those whose writes are compared with them: the
         # pairs where the planner has an offload.
@@ -786,6 +786,10 @@ class Filesystem(Operations):
     async def _sent_behind(self, h, offset, data):
         await self._send(h, offset, data)
         self._stale(h.inode)  # attributes asked for while it was on its way lack it
+
+    async def _cut_behind(self, inode, h, size):
+        await self.planner.trim(self._endpoint(inode, h.file), 0, size)
+        self._stale(inode)
 
     async def _send(self, h, offset, data):
         """Write all of ``data``: the kernel takes a short write as an error for most callers."""

@@ -33,7 +33,7 @@ STREAM_AHEAD = 2  # chunks read ahead of the writer
 # the other for the rest of the copy; the watcher looks every WATCH seconds.
 SWITCH_RATIO = 1.5
 WATCH = 0.1
-# A failed copy cuts off what it may have left past its end (see Planner._trim); errors that say
+# A failed copy cuts off what it may have left past its end (see Planner.trim); errors that say
 # the server is out of reach now (UNREACHABLE) are retried this long, every TRIM_RETRY seconds.
 TRIM_WAIT = 20
 TRIM_RETRY = 0.5
@@ -99,7 +99,7 @@ class Planner:
         """Copy up to ``length`` bytes; returns the count, short at the source's EOF or where a
         failure cut the copy after a first part (the caller asks again for the rest and gets the
         error then, as with any copy_file_range).  A copy that fails leaves what a plain copy
-        leaves: the part done without a gap, and no more (see _trim).  ``stats``: the attributes
+        leaves: the part done without a gap, and no more (see trim).  ``stats``: the attributes
         of source and destination where the caller holds them, else they are asked for.  A source
         cut short since is safe: an offload past its end fails, and streaming stops at the end."""
         return sum((await self._copy(src, off_in, dst, off_out, length, False, stats)).values())
@@ -143,7 +143,7 @@ class Planner:
             # Cancelled (maybe in a group, from parallel spans): the request was interrupted.
             wait = TRIM_WAIT_INTERRUPTED if trio.current_effective_deadline() == -math.inf else TRIM_WAIT
             with trio.CancelScope(shield=True):
-                await self._trim(dst, dst_st.size, off_out + record.bytes_done, wait)
+                await self.trim(dst, dst_st.size, off_out + record.bytes_done, wait)
             if record.bytes_done and isinstance(e, OSError):
                 log.info("copy to %s failed after %d bytes: %s", dst.label, record.bytes_done, e)
                 return record.by_method
@@ -151,12 +151,12 @@ class Planner:
         finally:
             self.stats.end_copy(record, failed)
 
-    async def _trim(self, dst, old_size, end, wait):
-        """Cut the destination back to ``end`` (the copy's part done without a gap), where the
-        failed copy made it longer than it was: pieces in flight side by side (streamed writes,
-        server-side copies) may have landed beyond a piece that failed, and a file that ends past
-        data never copied would pass for a whole copy with holes.  A server that went away is
-        waited for ``wait`` seconds (the copy's error waits with it); one that stays away leaves
+    async def trim(self, dst, old_size, end, wait=TRIM_WAIT):
+        """Cut the destination back to ``end`` (the part written without a gap), where a failed copy
+        or write made it longer than it was: pieces in flight side by side (streamed writes,
+        server-side copies, writes behind) may have landed beyond a piece that failed, and a file
+        that ends past data never written would pass for a whole one with holes.  A server that went
+        away is waited for ``wait`` seconds (the error waits with it); one that stays away leaves
         the file as it was when it went, and a warning says so."""
         keep = max(old_size, end)
         with trio.move_on_after(wait):
@@ -169,8 +169,8 @@ class Planner:
                     if e.errno not in UNREACHABLE:
                         break
                     await trio.sleep(TRIM_RETRY)
-        log.warning("a failed copy may have left %s longer than what was copied (%d bytes): its server "
-                    "could not be reached to cut it", dst.label, keep)
+        log.warning("a failed copy or write may have left %s longer than what was written (%d bytes): "
+                    "its server could not be reached to cut it", dst.label, keep)
 
     async def _attempt(self, route, method, rivals, src, off_in, dst, off_out, length, record):
         """Run ``method`` on the rest of the copy, watched against ``rivals``; times it into the

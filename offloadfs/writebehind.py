@@ -12,7 +12,10 @@ Anything that could tell the difference waits for the writes in flight first
 (``settle``: the filesystem's reads, attribute changes, copies, renames), and
 two writes of one range are never in flight at once, as a server may do them
 in either order.  Attributes handed out meanwhile carry the size written
-(``end``).
+(``end``).  Writes side by side may land beyond one the server refused (a
+full disk gives its last blocks to whichever asks first): once none is in
+flight, the file is cut back to the refused one where they made it longer, so
+it never ends past data that was never written, as a plain write(2) leaves it.
 """
 import contextvars
 import errno
@@ -34,7 +37,10 @@ class Behind:
     error: OSError | None = None
     changed: trio.Event = field(default_factory=trio.Event)  # a write in flight ended
     landed: int = 0  # writes ended
-    landed_end: int = 0  # where those that ended since the last settle() end
+    landed_end: int = 0  # where those that landed since the last settle() end
+    written: int = 0  # where the file's data ends, as far as we know: its size, or a write that landed
+    before: int = 0  # what ``written`` was when the writes in flight began
+    failed_at: int | None = None  # where the first of them that failed starts
 
     def bytes(self):
         return sum(end - offset for offset, end in self.ranges.values())
@@ -45,10 +51,12 @@ class Behind:
 
 class WriteBehind:
     """``send(h, offset, data)`` writes all of data through handle h and returns once the server has
-    it; ``where(inode)`` names a file for the log."""
+    it; ``cut(inode, h, size)`` cuts the file back to size if it is longer; ``where(inode)`` names a
+    file for the log."""
 
-    def __init__(self, send, where):
+    def __init__(self, send, cut, where):
         self.send = send
+        self.cut = cut
         self.where = where
         self.room = MOUNT_WINDOW
         self.room_changed = trio.Event()
@@ -70,6 +78,8 @@ class WriteBehind:
                 await self.room_changed.wait()
             else:
                 break
+        if not b.ranges:
+            b.before = b.written = max(b.written, inode.stat.size if inode.stat is not None else 0)
         self._ids += 1
         b.ranges[self._ids] = (offset, end)
         self.room -= len(data)
@@ -79,20 +89,34 @@ class WriteBehind:
     async def _send(self, inode, b, key, h, offset, data):
         try:
             await self.send(h, offset, data)
+            b.written = max(b.written, offset + len(data))
+            b.landed_end = max(b.landed_end, offset + len(data))
         except Exception as e:
             if b.error is None:
                 log.error("%s: a write of %d bytes at %d failed after it was answered: %s",
                           self.where(inode), len(data), offset, e)
                 b.error = e if isinstance(e, OSError) and e.errno else OSError(errno.EIO, f"write failed: {e}")
+            b.failed_at = offset if b.failed_at is None else min(b.failed_at, offset)
         finally:
+            if len(b.ranges) == 1 and b.failed_at is not None:
+                await self._cut_back(inode, h, b)
             del b.ranges[key]
             b.landed += 1
-            b.landed_end = max(b.landed_end, offset + len(data))
             self.room += len(data)
             b.changed.set()
             b.changed = trio.Event()
             self.room_changed.set()
             self.room_changed = trio.Event()
+
+    async def _cut_back(self, inode, h, b):
+        """The last write in flight ended and one failed: cut off what landed past it, where the
+        file did not reach before."""
+        keep, b.failed_at = max(b.before, b.failed_at), None
+        if b.written > keep:
+            b.written = keep
+            b.landed_end = min(b.landed_end, keep)
+            with trio.CancelScope(shield=True):
+                await self.cut(inode, h, keep)
 
     @staticmethod
     async def settle(inode, report=False):
@@ -123,7 +147,7 @@ class WriteBehind:
 
     @staticmethod
     def landed_end(inode):
-        """Where the writes that ended since the last settle() end."""
+        """Where the writes that landed since the last settle() end."""
         return 0 if inode.behind is None else inode.behind.landed_end
 
     @staticmethod

@@ -80,7 +80,7 @@ class Mount:
         self.src = self.inode("src", File(data))
 
     def inode(self, name, node):
-        inode = SimpleNamespace(key=(0, name), node=node, pending=None, data_changes=0,
+        inode = SimpleNamespace(key=(0, name), node=node, pending=None, data_changes=0, stat=None,
                                 source=SimpleNamespace(backend=self.server))
         self.files[inode.key] = inode
         return inode
@@ -357,7 +357,7 @@ def test_a_write_still_on_its_way_lands_before_a_copy_over_it():
     """Plain writes go behind (writebehind.py): a held copy committed over a range such a write is still
     carrying must wait for it, or the older bytes would land last."""
     async def body():
-        behind = WriteBehind(None, lambda inode: "dst")
+        behind = WriteBehind(None, None, lambda inode: "dst")
         m = Mount(DATA, send=lambda h, offset, data: behind.write(h.inode, h, offset, data), drain=behind.settle)
 
         async def slow_write(h, offset, data):

@@ -11,6 +11,7 @@ from offloadfs.writebehind import WriteBehind
 
 class _Inode:
     behind = None
+    stat = None  # no attributes known: the file was empty
 
 
 class _Server:
@@ -23,6 +24,8 @@ class _Server:
         self.fail_at = None
         self.in_flight = 0
         self.most = 0
+        self.size = 0
+        self.cuts = []
 
     async def send(self, h, offset, data):
         self.started.append(offset)
@@ -33,8 +36,16 @@ class _Server:
             if offset == self.fail_at:
                 raise OSError(errno.ENOSPC, "No space left on device")
             self.done.append((offset, bytes(data)))
+            self.size = max(self.size, offset + len(data))
         finally:
             self.in_flight -= 1
+
+    async def cut(self, inode, h, size):
+        self.cuts.append(size)
+        self.size = min(self.size, size)
+
+    def behind(self):
+        return WriteBehind(self.send, self.cut, lambda inode: "f")
 
 
 def run(fn):
@@ -44,7 +55,7 @@ def run(fn):
 def test_writes_are_answered_before_the_server_has_them_and_settle_waits():
     async def body():
         server, inode = _Server(), _Inode()
-        wb = WriteBehind(server.send, lambda inode: "f")
+        wb = server.behind()
         start = trio.current_time()
         for i in range(4):
             await wb.write(inode, None, i << 20, bytes(1 << 20))
@@ -60,7 +71,7 @@ def test_a_failed_write_is_reported_by_the_next_write_and_once_by_flush():
     async def body():
         server, inode = _Server(), _Inode()
         server.fail_at = 0
-        wb = WriteBehind(server.send, lambda inode: "f")
+        wb = server.behind()
         await wb.write(inode, None, 0, b"x" * 10)
         await wb.settle(inode)  # a read, say: waits, reports nothing
         with pytest.raises(OSError) as e:
@@ -76,7 +87,7 @@ def test_a_failed_write_is_reported_by_the_next_write_and_once_by_flush():
 def test_writes_of_one_range_are_never_in_flight_at_once():
     async def body():
         server, inode = _Server(), _Inode()
-        wb = WriteBehind(server.send, lambda inode: "f")
+        wb = server.behind()
         await wb.write(inode, None, 0, b"a" * 100)
         await wb.write(inode, None, 50, b"b" * 100)  # waits for the first
         await wb.settle(inode)
@@ -87,7 +98,7 @@ def test_writes_of_one_range_are_never_in_flight_at_once():
 def test_a_file_and_a_mount_have_bounded_bytes_in_flight():
     async def body():
         server = _Server()
-        wb = WriteBehind(server.send, lambda inode: "f")
+        wb = server.behind()
         inodes = [_Inode() for _ in range(8)]
         async with trio.open_nursery() as nursery:
             for n, inode in enumerate(inodes):
@@ -99,4 +110,22 @@ def test_a_file_and_a_mount_have_bounded_bytes_in_flight():
             await wb.settle(inode)
         assert server.most == writebehind.MOUNT_WINDOW >> 20
         assert len(server.done) == 8 * 16
+    run(body)
+
+
+@pytest.mark.parametrize("size_before", [0, 4 << 20])
+def test_writes_that_landed_past_a_failed_one_are_cut_off_where_they_made_the_file_longer(size_before):
+    """A file that ends past data never written would pass for a whole one with a hole: writes side by
+    side may land beyond one the server refused (a full disk takes the later one first)."""
+    async def body():
+        server, inode = _Server(), _Inode()
+        server.fail_at = 1 << 20
+        server.size = size_before
+        inode.stat = type("Stat", (), {"size": size_before})()
+        wb = server.behind()
+        for i in range(3):
+            await wb.write(inode, None, i << 20, bytes(1 << 20))
+        with pytest.raises(OSError):
+            await wb.settle(inode, report=True)
+        assert server.size == max(size_before, 1 << 20)
     run(body)
