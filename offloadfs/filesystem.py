@@ -479,7 +479,10 @@ class Filesystem(Operations):
         st = await inode.source.backend.setattr(  # NOW passes through: backends.base.NOW is the same
             inode.node, file, mode=mode, uid=ch.uid, gid=ch.gid, size=ch.size,
             atime_ns=ch.atime_ns, mtime_ns=ch.mtime_ns)
-        return self._attr(inode, self._cache(inode, st)), self._ttl(inode)
+        st = self._cache(inode, st)
+        if ch.size is not None:
+            self.behind.truncated(inode, ch.size)
+        return self._attr(inode, st), self._ttl(inode)
 
     async def _killed_mode(self, inode, file):
         """The mode with setuid and group-executable setgid cleared, or None if nothing to clear."""
@@ -644,6 +647,7 @@ class Filesystem(Operations):
                 await self._settle(inode)  # the truncate came after what was written before
                 inode.data_changes += 1
                 self._stale(inode)
+                self.behind.truncated(inode, 0)
                 if kill_suidgid:
                     await self._kill_suidgid(inode, file)
                 keep = False

@@ -39,6 +39,7 @@ class Behind:
     landed: int = 0  # writes ended
     landed_end: int = 0  # where those that landed since the last settle() end
     written: int = 0  # where the file's data ends, as far as we know: its size, or a write that landed
+    outdated: object = None  # the file's attributes when it was last cut here: their size is no more
     before: int = 0  # what ``written`` was when the writes in flight began
     failed_at: int | None = None  # where the first of them that failed starts
 
@@ -79,7 +80,8 @@ class WriteBehind:
             else:
                 break
         if not b.ranges:
-            b.before = b.written = max(b.written, inode.stat.size if inode.stat is not None else 0)
+            st = inode.stat
+            b.before = b.written = max(b.written, st.size if st is not None and st is not b.outdated else 0)
         self._ids += 1
         b.ranges[self._ids] = (offset, end)
         self.room -= len(data)
@@ -113,10 +115,13 @@ class WriteBehind:
         file did not reach before."""
         keep, b.failed_at = max(b.before, b.failed_at), None
         if b.written > keep:
-            b.written = keep
+            b.written, b.outdated = keep, inode.stat
             b.landed_end = min(b.landed_end, keep)
             with trio.CancelScope(shield=True):
-                await self.cut(inode, h, keep)
+                try:
+                    await self.cut(inode, h, keep)
+                except Exception:  # a system task that raised would end the daemon
+                    log.exception("%s: cutting the file back to %d bytes failed", self.where(inode), keep)
 
     @staticmethod
     async def settle(inode, report=False):
@@ -131,6 +136,15 @@ class WriteBehind:
         if report and b.error is not None:
             e, b.error = b.error, None
             raise e
+
+    @staticmethod
+    def truncated(inode, size):
+        """The file was cut to ``size`` here (an open with O_TRUNC, a truncate): what it held past that
+        is gone, whatever the attributes held until they are asked for again say."""
+        if inode.behind is None:
+            inode.behind = Behind()
+        inode.behind.written = size
+        inode.behind.outdated = inode.stat
 
     @staticmethod
     def forget_error(inode):

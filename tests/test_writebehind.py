@@ -129,3 +129,20 @@ def test_writes_that_landed_past_a_failed_one_are_cut_off_where_they_made_the_fi
             await wb.settle(inode, report=True)
         assert server.size == max(size_before, 1 << 20)
     run(body)
+
+
+def test_a_file_cut_here_is_cut_back_past_a_failed_write_whatever_its_old_attributes_say():
+    """dd over a longer file (open with O_TRUNC): the attributes held until asked again still give the
+    old size, which must not spare what landed past a failed write."""
+    async def body():
+        server, inode = _Server(), _Inode()
+        server.fail_at = 1 << 20
+        inode.stat = type("Stat", (), {"size": 8 << 20})()
+        wb = server.behind()
+        wb.truncated(inode, 0)
+        for i in range(3):
+            await wb.write(inode, None, i << 20, bytes(1 << 20))
+        with pytest.raises(OSError):
+            await wb.settle(inode, report=True)
+        assert server.size == 1 << 20
+    run(body)
