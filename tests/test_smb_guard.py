@@ -222,10 +222,10 @@ def test_a_send_the_socket_cannot_take_at_once_is_finished_whole_before_any_othe
         transport = SimpleNamespace(_sock=ours, _sock_lock=threading.Lock(), MAX_SIZE=1 << 24)
         sender = smbconn.LeanSend(transport)
         big, small = os.urandom(1 << 20), b"next message"
-        rest = sender.try_now(big)
-        assert rest is not None and transport._sock_lock.locked()  # half sent, the rest still to go
-        later = sender.try_now(small)  # meanwhile: must wait for the rest, not cut into it
-        assert later is not None
+        rest, holds_lock = sender.try_now(big)
+        assert holds_lock and transport._sock_lock.locked()  # half sent, the rest still to go
+        later, holds_lock = sender.try_now(small)  # meanwhile: must wait for the rest, not cut into it
+        assert not holds_lock
         received = bytearray()
         reader = threading.Thread(target=lambda: received.extend(read_all(server, 4 + len(big) + 4 + len(small))))
         reader.start()

@@ -141,6 +141,9 @@ class Client:
         self.io_size = CREDIT_SIZE  # largest READ/WRITE, set from the server's limits and our credits
         self.users = 0
         self._lock = trio.Lock()
+        # The thread that finishes a message half sent from the trio thread (LeanSend.try_now): one at a
+        # time, as it holds the socket, and never behind the threads waiting for the socket.
+        self._finishing = trio.CapacityLimiter(1)
         self._reserved = 0  # credits promised to sends under way
         self._in_flight = 0  # credits charged to requests not answered yet
         self._credit_change = trio.Event()
@@ -334,7 +337,9 @@ class Client:
             arrivals, data = self._frame(conn, messages, tid, credit_request)
             rest = self._sending(conn, conn.sender.try_now, data)
             if rest is not None:
-                await self._in_thread(conn, deadline, self._sending, conn, rest)
+                finish, holds_lock = rest
+                await self._in_thread(conn, deadline, self._sending, conn, finish,
+                                      limiter=self._finishing if holds_lock else None)
         else:
             self._reserved += charge  # until the worker has taken its message ids
             try:
@@ -363,10 +368,10 @@ class Client:
         self._delay = 0
         return results
 
-    async def _in_thread(self, conn, deadline, fn, *args):
+    async def _in_thread(self, conn, deadline, fn, *args, limiter=None):
         """``fn(*args)`` in a worker thread: a send, which must not stop half way, but within the deadline."""
         with trio.CancelScope(shield=True, deadline=deadline):
-            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=limiter)
         self._timed_out(conn, IO_TIMEOUT)  # the deadline passed
 
     def _timed_out(self, conn, timeout):

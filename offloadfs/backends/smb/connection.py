@@ -90,14 +90,17 @@ class LeanSend:
             self._push(self._buffers(data))
 
     def try_now(self, data):
-        """Send ``data`` if the socket takes it at once: None, else what finishes the send, to run in a thread.
+        """Send ``data`` if the socket takes it at once: None, else (what finishes the send, to run in a
+        thread; True if it holds the socket's lock until then).
 
         A message half sent holds the socket's lock until that finishes it:
-        nothing else may go out between its two halves.
+        nothing else may go out between its two halves.  Its thread must not
+        wait for a place behind threads that wait for the lock (Client gives it
+        a limiter of its own): they would wait for each other for ever.
         """
         lock = self.transport._sock_lock
         if not lock.acquire(blocking=False):
-            return functools.partial(self, data)
+            return functools.partial(self, data), False
         try:
             buffers = self._buffers(data)
             try:
@@ -110,7 +113,7 @@ class LeanSend:
         if not buffers:
             lock.release()
             return None
-        return functools.partial(self._finish, buffers)
+        return functools.partial(self._finish, buffers), True
 
     def _finish(self, buffers):
         try:
