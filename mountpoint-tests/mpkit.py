@@ -72,6 +72,14 @@ def gone(pid):
         return True
 
 
+def assert_same(got, want, at=0):
+    """Byte for byte, naming the first offset that differs (``at``: where ``got`` starts in its file).
+    Not ``assert got == want``: on CI pytest diffs the two in full, for hours on a MiB."""
+    assert len(got) == len(want), f"{len(got)} bytes, wanted {len(want)}"
+    bad = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), None)
+    assert bad is None, f"first wrong byte at offset {at + bad}"
+
+
 def sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -15,7 +15,7 @@ import signal
 import time
 
 import pytest
-from mpkit import MiB, gone
+from mpkit import MiB, assert_same, gone
 
 from offloadfs.backends.smb.client import RECONNECT_DELAY_MAX
 from offloadfs.recognise import CUT_AT
@@ -43,13 +43,6 @@ def held_copy(mnt):
     finally:
         os.close(fd)
     assert_same((mnt.backing / "dst").read_bytes(), data)
-
-
-def assert_same(got, want):
-    """Byte for byte, naming the first offset that differs."""
-    assert len(got) == len(want), f"{len(got)} bytes, wanted {len(want)}"
-    bad = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), None)
-    assert bad is None, f"first wrong byte at offset {bad}"
 
 
 @pytest.mark.parametrize("change", ["rewritten", "removed"])

@@ -13,7 +13,7 @@ import subprocess
 import time
 
 import pytest
-from mpkit import MiB, sha256, write_file
+from mpkit import MiB, assert_same, sha256, write_file
 from smbkit import smb_lab
 
 from offloadfs.lab.loopfs import loop_filesystem
@@ -29,9 +29,7 @@ def assert_prefix(source, destination, copied):
     with open(source, "rb") as src, open(destination, "rb") as dst:
         for off in range(0, size, MiB):
             want, got = src.read(MiB), dst.read(MiB)
-            if got != want[:len(got)]:  # not an assert of the two: pytest's diff of a MiB takes hours
-                at = off + next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
-                pytest.fail(f"{destination}: wrong from byte {at} on (size {size})")
+            assert_same(got, want[:len(got)], at=off)
     assert size <= copied, f"{destination}: {size} bytes, but only {copied} were copied"
 
 

@@ -4,12 +4,12 @@ Writes go behind (writebehind.py): tar x's or dd's 10 KiB writes are answered
 while on their way, some 800 of them in flight, and over a slow uplink the
 socket stays full, so each waits for it in a worker thread.
 """
-import hashlib
 import os
 import shutil
 import subprocess
 
 import pytest
+from mpkit import sha256
 from smbkit import smb_lab
 
 from offloadfs.lab.mount import offloadfs_mount
@@ -30,11 +30,10 @@ def test_small_writes_that_keep_the_socket_full_all_reach_the_server(lab, tmp_pa
     """A message half sent from the trio thread needs a worker thread to finish it; it once waited for
     one behind the threads that waited for it to finish, for ever, and the mount answered EIO from
     then on (tar c | tar x on the asymmetric link, benchmarks/detect.py)."""
-    data = os.urandom(SIZE)
-    (tmp_path / "src").write_bytes(data)
+    (tmp_path / "src").write_bytes(os.urandom(SIZE))
     url, path = lab.fresh_dir("ext4")
     with offloadfs_mount(url, options=lab.options()) as mnt:
         dd = subprocess.run(["dd", f"if={tmp_path / 'src'}", f"of={mnt / 'f'}", "bs=10k"],
                             capture_output=True, text=True, timeout=300)
         assert dd.returncode == 0, dd.stderr
-    assert hashlib.sha256((path / "f").read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
+    assert sha256(path / "f") == sha256(tmp_path / "src")
