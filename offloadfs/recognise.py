@@ -54,6 +54,11 @@ AHEAD_PIECES = 8
 AHEAD_MAX = 64 << 20
 CHECKED = 1024  # files whose version after a read is remembered (Recogniser.read)
 HELD_MAX = 64 << 20  # bytes held for pending copies in all; past it the oldest files commit
+# A commit the bound makes while a file is still being written ends on a multiple of this, and the
+# rest of the run waits: where a chunk ended, the next commit would begin off a block, which no clone
+# serves (btrfs and xfs: 4 KiB blocks, 64 KiB covers larger ones), and the server would copy the
+# data itself (rsync -a of 1 GiB on a btrfs share: 7.8 s of the 22.4 s).
+COMMIT_ALIGN = 64 << 10
 
 
 def digest(data):
@@ -403,7 +408,7 @@ class Recogniser:
         while self.held > self.held_max and self.holding:
             oldest = next(iter(self.holding.values()))
             async with oldest.lock:
-                await self._commit_runs(oldest)
+                await self._commit_runs(oldest, aligned=True)
 
     async def _write(self, p, offset, view):
         end = offset + len(view)
@@ -488,7 +493,10 @@ class Recogniser:
             await self._take(p, final=True)
         await self._commit_runs(p)
 
-    async def _commit_runs(self, p):
+    async def _commit_runs(self, p, aligned=False):
+        """Commit what ``p`` holds; ``aligned``: but for the end of its last run past a multiple of
+        COMMIT_ALIGN (the file's next write may make it longer), where something else is committed."""
+        rest = self._unaligned_end(p) if aligned else None
         while p.runs:
             run = p.runs[0]
             done = await self._offload(p.handle, run)
@@ -497,7 +505,31 @@ class Recogniser:
                 self.stats.recognised_written += run.length - done
             p.runs.pop(0)
             self.held -= run.length
-        self.holding.pop(id(p), None)
+        if rest is not None:
+            p.runs.append(rest)
+        else:
+            self.holding.pop(id(p), None)
+
+    def _unaligned_end(self, p):
+        """Take the end of ``p``'s last run past its last multiple of COMMIT_ALIGN off it: that
+        end, as a run of its own; None where that is the whole of what ``p`` holds."""
+        last = p.runs[-1]
+        keep = (last.dst + last.length) % COMMIT_ALIGN
+        if keep == 0 or (keep >= last.length and len(p.runs) == 1):
+            return None
+        if keep >= last.length:
+            return p.runs.pop()
+        cut = last.length - keep
+        rest = Run(last.dst + cut, last.source, last.src + cut, last.version, length=keep)
+        pos = 0
+        for i, piece in enumerate(last.held):
+            if pos + len(piece) > cut:
+                rest.held = [piece[cut - pos:]] + last.held[i + 1:]
+                last.held = last.held[:i] + ([piece[:cut - pos]] if cut > pos else [])
+                break
+            pos += len(piece)
+        last.length = cut
+        return rest
 
     def drop(self, p):
         """Forget what ``p`` holds: its file is gone from reach (the caller logs it)."""
