@@ -122,6 +122,11 @@ class Planner:
         record = self.stats.start_copy(src.label, dst.label, length)
         failed = True
         try:
+            head = clone_head(dst.backend, off_in, off_out, length) if methods[0] == "clone" else 0
+            if head and len(methods) > 1:
+                # Both offsets off a block the same way: the next method up to the boundary, a
+                # clone from there (else the clone refuses and the next method takes it all).
+                await self._attempt(route, methods[1], [], src, off_in, dst, off_out, head, record)
             gave_way = set()
             while methods and record.bytes_done < length:
                 method = methods.pop(0)
@@ -294,6 +299,14 @@ class Planner:
                                 done += written
                         await trio.lowlevel.checkpoint()  # an interrupt can land between chunks
         return done
+
+
+def clone_head(backend, off_in, off_out, length):
+    """The bytes before the next block boundary where both offsets are off one the same way (a
+    clone can begin there), or 0."""
+    align = backend.clone_align
+    head = -off_out % align
+    return head if head and (off_in - off_out) % align == 0 and head < length else 0
 
 
 @contextlib.contextmanager

@@ -40,12 +40,15 @@ class Mem(Backend):
 
 
 class Cloning(Mem):
+    """Clones where both offsets are on a multiple of ``clone_align``."""
+    clone_align = 1
+
     def __init__(self, server="a", refuse=False):
         super().__init__(server)
         self.refuse = refuse
 
     async def clone_range(self, src, src_off, dst, dst_off, length):
-        if self.refuse:
+        if self.refuse or src_off % self.clone_align or dst_off % self.clone_align:
             raise NotSupported("unaligned")
         return await self.write(dst, dst_off, src[src_off:src_off + length])
 
@@ -120,6 +123,19 @@ async def test_server_copy_giving_up_midway_is_finished_by_streaming():
     assert n == len(DATA) and out == DATA
     assert c["copy_bytes"]["server_copy"] == 3000
     assert c["copy_bytes"]["stream"] == len(DATA) - 3000
+
+
+async def test_a_clone_off_a_block_boundary_clones_from_the_next_one():
+    """Offsets that both sit the same way off a block (a recognised copy's run that begins where a
+    chunk did): the bytes up to the boundary by the next method, the rest cloned, not all of it
+    copied by the server."""
+    b = CloningCopying(refuse=False)
+    b.clone_align = 1024
+    n, out, c, _ = await run_copy(b, b, off_in=100, off_out=2148)
+    assert n == len(DATA) - 100 and out == bytes(2148) + DATA[100:]
+    assert c["copy_bytes"]["server_copy"] == 924 and c["copy_bytes"]["clone"] == len(DATA) - 1024
+    n, out, c, _ = await run_copy(b, b, off_in=100, off_out=200)  # not the same way off: no clone
+    assert c["copy_bytes"]["clone"] == 0 and c["copy_bytes"]["server_copy"] == len(DATA) - 100
 
 
 async def test_offload_off_streams():

@@ -205,7 +205,11 @@ class Backend:
 
 @runtime_checkable
 class CloneRange(Protocol):
-    """Copy-on-write clone of a range; returns how much was cloned from the start of it."""
+    """Copy-on-write clone of a range; returns how much was cloned from the start of it.
+    ``clone_align``: the offsets must be on a multiple of it (the filesystem's block; 1 where not
+    known), else NotSupported."""
+    clone_align: int
+
     async def clone_range(self, src_file, src_offset, dst_file, dst_offset, length) -> int: ...
 
 

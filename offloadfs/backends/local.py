@@ -97,6 +97,7 @@ class LocalBackend(Backend):
         self.path = os.path.abspath(source_path(url))
         self._root_fd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self._root_dev = os.fstat(self._root_fd).st_dev
+        self.clone_align = os.fstatvfs(self._root_fd).f_bsize  # FICLONERANGE: the filesystem's block
 
     def shares_server_with(self, other):
         # Every local file is on this host: the kernel decides per pair (EXDEV).

@@ -588,6 +588,10 @@ class NFSBackend(Backend):
 
     # -- NFSv4.2 capabilities ---------------------------------------------------------------------
 
+    @property
+    def clone_align(self):
+        return self.clone_blksize or 1
+
     async def clone_range(self, src_file, src_offset, dst_file, dst_offset, length):
         self._supported(ops.OP_CLONE, "CLONE")
         blk = self.clone_blksize

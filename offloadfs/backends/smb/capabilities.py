@@ -18,7 +18,6 @@ log = logging.getLogger(__name__)
 SEEK_DATA, SEEK_HOLE = 3, 4
 FALLOC_FL_KEEP_SIZE = 1
 FALLOC_FL_PUNCH_HOLE = 2
-CLONE_ALIGN = 4096
 COPY_PER_CALL = 256 << 20  # one server_copy call; the planner loops, so progress and interrupts land between
 COPY_REQUESTS_IN_FLIGHT = 4
 MAX_RANGES_BUFFER = 1 << 20
@@ -36,6 +35,7 @@ class CopyLimits:
 
 class Capabilities:
     """SeekData, Allocate, CloneRange and ServerCopy for SMBBackend (which provides the plumbing)."""
+    clone_align = 4096  # what Samba's btrfs clone needs; MS-FSCC: the volume's cluster size
 
     async def seek(self, file, offset, whence):
         """SEEK_DATA/SEEK_HOLE from the allocated ranges (exact on files marked sparse)."""
@@ -112,10 +112,10 @@ class Capabilities:
             raise NotSupported("the share cannot duplicate extents")
         if not self._same_connection(src_file) or src_file.backend.share != self.share:
             raise NotSupported("Samba finds the source handle only on the destination's share")
-        if src_offset % CLONE_ALIGN or dst_offset % CLONE_ALIGN:
+        if src_offset % self.clone_align or dst_offset % self.clone_align:
             raise NotSupported("offsets not 4 KiB aligned")
-        if length % CLONE_ALIGN and src_offset + length != await src_file.backend._size(src_file):
-            length -= length % CLONE_ALIGN
+        if length % self.clone_align and src_offset + length != await src_file.backend._size(src_file):
+            length -= length % self.clone_align
         if length == 0:
             raise NotSupported("less than 4 KiB to clone")
         src_fid = await src_file.backend._handle(src_file)
