@@ -770,6 +770,18 @@ class Filesystem(Operations):
             await self._kill_suidgid(h.inode, h.file)
         return len(data)
 
+    def write_now(self, nodeid, fh, offset, data, kill_suidgid):
+        """A write that only joins data held for a recognised copy (Recogniser.write_now) is
+        taken at once; any other is left to write."""
+        h = self.handles.get(fh)
+        if (h is None or h.append or kill_suidgid or self.recogniser is None
+                or h.inode.source.index not in self.copies_to or not self.recogniser.write_now(h, offset, data)):
+            return None
+        h.inode.data_changes += 1
+        self.stats.fuse_write_bytes += len(data)
+        self._stale(h.inode)
+        return len(data)
+
     async def _append_at(self, h):
         """Where an append through ``h`` goes: the end of the file as the server has it, once what
         we hold and have in flight for it is there (the NFS client appends at the size it

@@ -410,6 +410,19 @@ class Recogniser:
             async with oldest.lock:
                 await self._commit_runs(oldest, aligned=True)
 
+    def write_now(self, h, offset, data):
+        """Take a write through ``h`` that only grows the window (no chunk of it is decided): True;
+        False where ``write`` must take it.  No lock: nothing else runs meanwhile."""
+        p = h.inode.pending
+        if (p is None or p.handle is not h or p.lock.locked() or not p.window
+                or offset != p.window_at + len(p.window) or len(p.window) + len(data) >= CUT_AT):
+            return False
+        end = offset + len(data)
+        if any(r.dst < end and offset < r.dst + r.length for r in p.runs):
+            return False
+        p.window += data
+        return True
+
     async def _write(self, p, offset, view):
         end = offset + len(view)
         if p.window and offset != p.window_at + len(p.window):

@@ -367,3 +367,42 @@ async def test_writes_to_one_file_are_taken_in_the_order_the_kernel_sent_them():
                 assert err == 0
         assert ops.order == sent
         nursery.cancel_scope.cancel()
+
+
+class WritesNow(Writes):
+    """Takes a WRITE at once (write_now) where its data begins with b"now"; the others as requests,
+    which wait for ``go``."""
+
+    def __init__(self):
+        super().__init__()
+        self.go = trio.Event()
+
+    def write_now(self, nodeid, fh, offset, data, kill_suidgid):
+        if bytes(data[:3]) != b"now":
+            return None
+        self.order.setdefault(nodeid, []).append(offset)
+        return len(data)
+
+    async def write(self, ctx, nodeid, fh, offset, data, kill_suidgid):
+        await self.go.wait()
+        return await super().write(ctx, nodeid, fh, offset, data, kill_suidgid)
+
+
+async def test_a_write_taken_at_once_waits_for_the_writes_to_its_file_before_it():
+    """tar x makes a WRITE of 5 KiB on average: one that only joins data the filesystem holds is
+    answered without a task of its own, but never ahead of an earlier WRITE to the same file."""
+    ops = WritesNow()
+    async with trio.open_nursery() as nursery:
+        dev, _, _ = await serving(nursery, ops)
+        write = abi.write_in.pack(0, 0, 3, 0, 0, 0, 0)
+        slow = dev.send(abi.WRITE, write + b"old", nodeid=2)
+        dev.send(abi.WRITE, abi.write_in.pack(0, 1, 3, 0, 0, 0, 0) + b"now", nodeid=2)
+        now = dev.send(abi.WRITE, abi.write_in.pack(0, 1, 3, 0, 0, 0, 0) + b"now", nodeid=3)
+        with trio.fail_after(5):
+            unique, err, body = await dev.reply()
+            assert (unique, err, abi.write_out.unpack(body)[0]) == (now, 0, 3)
+            assert ops.order == {3: [1]}
+            ops.go.set()
+            replies = [(await dev.reply())[0] for _ in range(2)]
+        assert replies[0] == slow and ops.order == {2: [0, 1], 3: [1]}
+        nursery.cancel_scope.cancel()

@@ -38,6 +38,13 @@ def _name(body, start=0):
     return bytes(body[start:end]), end + 1
 
 
+def _write_args(body):
+    """fh, offset, data, kill_suidgid of a WRITE."""
+    fh, offset, size, write_flags, _, _, _ = abi.write_in.unpack_from(body)
+    data = body[abi.write_in.size:abi.write_in.size + size]
+    return fh, offset, data, bool(write_flags & abi.FUSE_WRITE_KILL_SUIDGID)
+
+
 def pack_attr(a):
     return (a.ino, a.size, a.blocks,
             a.atime_ns // 1_000_000_000, a.mtime_ns // 1_000_000_000, a.ctime_ns // 1_000_000_000,
@@ -166,6 +173,11 @@ class Session:
         if opcode == abi.GETXATTR and self.ops.no_such_xattr(nodeid, _name(body, abi.getxattr_in.size)[0]):
             self.reply_error(unique, errno.EOPNOTSUPP)
             return True
+        if opcode == abi.WRITE and nodeid not in self._writes:  # none before it still to be taken
+            n = self.ops.write_now(nodeid, *_write_args(body))
+            if n is not None:
+                self.reply(unique, abi.write_out.pack(n, 0))
+                return True
         handler = self._handlers.get(opcode)
         if handler is None:
             self.reply_error(unique, errno.ENOSYS)
@@ -408,9 +420,7 @@ class Session:
         return (await self.ops.read(ctx, nodeid, fh, offset, size),)
 
     async def _write(self, ctx, nodeid, body):
-        fh, offset, size, write_flags, _, _, _ = abi.write_in.unpack_from(body)
-        data = body[abi.write_in.size:abi.write_in.size + size]
-        n = await self.ops.write(ctx, nodeid, fh, offset, data, bool(write_flags & abi.FUSE_WRITE_KILL_SUIDGID))
+        n = await self.ops.write(ctx, nodeid, *_write_args(body))
         return (abi.write_out.pack(n, 0),)
 
     async def _statfs(self, ctx, nodeid, body):
