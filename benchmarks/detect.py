@@ -60,12 +60,15 @@ TOOLS = {"rsync -a": (rsync, "big"), "shutil.copyfile": (copyfile, "big"), "tar 
 
 
 def make_sources(root, size):
-    """A file `big` of `size` bytes and a tree of TREE_FILES files as big in all, in two directories."""
+    """A file `big` of `size` bytes and a tree of TREE_FILES files as big in all, in two directories;
+    on disk before it returns: the server writing them back meanwhile would slow the first run
+    (rsync -a of 1 GiB with recognised copies took 15.9 s first, 10.5-11.1 s after)."""
     write_file(root / "big", size)
     for i in range(TREE_FILES):
         part = root / "tree" / f"d{i % 2}"
         part.mkdir(parents=True, exist_ok=True)
         write_file(part / f"f{i}", size // TREE_FILES)
+    os.sync()
 
 
 def digests(path):
