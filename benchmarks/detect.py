@@ -56,13 +56,22 @@ def tar(src, dst):
     subprocess.run(f"tar -C '{src / 'tree'}' -cf - . | tar -C '{dst}' -xf -", shell=True, check=True)
 
 
+def warm_up(mount_of, store):
+    """One rsync -a through a default mount, not measured: the first copy in a lab's fresh share took
+    2-6 s longer than the same copy after it, whatever the mount (rsync -a of 1 GiB, default mount:
+    12.5-16.2 s first, 9.6-10.2 s after; rsync's own CPU 3.5-4.3 s against 1.4-1.9 s), and a read of the
+    file first did not take that away."""
+    with mount_of([]) as mnt:
+        rsync(mnt, mnt / "warm-up")
+    os.unlink(store / "warm-up")
+
+
 TOOLS = {"rsync -a": (rsync, "big"), "shutil.copyfile": (copyfile, "big"), "tar c | tar x": (tar, "tree")}
 
 
 def make_sources(root, size):
     """A file `big` of `size` bytes and a tree of TREE_FILES files as big in all, in two directories;
-    on disk before it returns: the server writing them back meanwhile would slow the first run
-    (rsync -a of 1 GiB with recognised copies took 15.9 s first, 10.5-11.1 s after)."""
+    on disk before it returns, so that no write-back runs under a measured copy."""
     write_file(root / "big", size)
     for i in range(TREE_FILES):
         part = root / "tree" / f"d{i % 2}"
@@ -116,6 +125,7 @@ def samba_rows(link_rate, size):
         for kind in KINDS:
             store = server.shares[kind].path
             make_sources(store, size)
+            warm_up(lambda options, kind=kind: share_mount(server, kind, options), store)
             rows += measure(f"smb-{kind}", lambda options, kind=kind: share_mount(server, kind, options),
                             server.net, store)
         return rows
@@ -127,6 +137,7 @@ def nfsd_rows(link_rate, size):
         # Written and checked through a mount without caches: the guest's disk is not ours to look into.
         view = stack.enter_context(offloadfs_mount(url, options=NO_CACHE))
         make_sources(view, size)
+        warm_up(lambda options: offloadfs_mount(url, options=options), view)
         return measure("nfsd", lambda options: offloadfs_mount(url, options=options), lab.net, view)
 
 
