@@ -509,7 +509,7 @@ class Recogniser:
     async def _commit_runs(self, p, aligned=False):
         """Commit what ``p`` holds; ``aligned``: but for the end of its last run past a multiple of
         COMMIT_ALIGN (the file's next write may make it longer), where something else is committed."""
-        rest = self._unaligned_end(p) if aligned else None
+        rest = self._unaligned_end(p) if aligned and p.runs else None  # (committed while we waited)
         while p.runs:
             run = p.runs[0]
             done = await self._offload(p.handle, run)

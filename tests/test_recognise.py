@@ -502,3 +502,26 @@ async def test_a_write_that_only_grows_the_window_is_taken_at_once():
     await m.rec.commit(h.inode)
     same = bytes(h.file) == BIG
     assert same and m.server.sent == 0
+
+
+async def test_a_file_committed_while_the_bound_waited_for_it_is_passed_over():
+    """Four copies at once (benchmarks/memory.py --copies): a write over the bound waited for the
+    oldest file's lock while that file's close committed all it held; then it found nothing to cut."""
+    gate = trio.Event()
+
+    async def drain(inode):
+        await gate.wait()
+
+    m = Mount(BIG, held_max=1 << 20, drain=drain)
+    await m.serve()
+    a, b = m.handle("a"), m.handle("b")
+    await copy(m, a, BIG[:1 << 20], BLOCK)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(m.rec.commit, a.inode)  # holds a's lock, waiting in drain
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(copy, m, b, BIG[:1 << 20], BLOCK)  # over the bound: waits for a's lock
+        await trio.testing.wait_all_tasks_blocked()
+        gate.set()
+    await m.rec.commit(b.inode)
+    same = bytes(a.file) == BIG[:1 << 20] and bytes(b.file) == BIG[:1 << 20]
+    assert same and m.rec.held == 0
