@@ -1,7 +1,7 @@
 """Benchmark the memory of each client's daemon under parallel sequential I/O on a Samba share.
 
 Not a test: it prints a table and asserts nothing. Run as root:
-    .venv/bin/python benchmarks/memory.py [--quick]
+    .venv/bin/python benchmarks/memory.py [--quick] [--copies]
 
 One lab smbd behind smbdemo's 1 Gbit link serves an xfs share; offloadfs, `rclone mount` and smbnetfs
 (peers.py) each mount it. On each mount in turn, 16 writers (`dd bs=1M` of 64 MiB each, new files) and 16
@@ -11,10 +11,17 @@ sampled every 50 ms: the table gives it before the load, its peak during it, and
 last dd ended. Writers copy files of random bytes from the local disk; every file written is checked on the
 server. Goal (issue #8): offloadfs peak <= 150 MB,
 idle <= 80 MB.
+
+With --copies, offloadfs alone: four tools that copy with read() and write() (rsync -a twice,
+shutil.copyfile, dd bs=1M) each copy a file of 1 GiB (--quick: 64 MiB) at once inside a btrfs share,
+through a default mount, so their data is recognised and held until it is cloned on the server
+(recognise.py, issue #10): the daemon's memory before, at the peak and idle after, and what was
+recognised; every copy is checked on the server.
 """
 
 import argparse
 import contextlib
+import hashlib
 import os
 import subprocess
 import tempfile
@@ -97,10 +104,61 @@ def measure(name, root, sid, share, local, size):
     return before, max(sampler.peak, before), idle, seconds
 
 
+COPY_KIND = "btrfs"
+COPIERS = {
+    "rsync -a": lambda src, dst: ["rsync", "-a", src, dst],
+    "rsync -a (2)": lambda src, dst: ["rsync", "-a", src, dst],
+    "shutil.copyfile": lambda src, dst: ["python3", "-c", "import shutil, sys; shutil.copyfile(*sys.argv[1:])",
+                                         src, dst],
+    "dd bs=1M": lambda src, dst: ["dd", f"if={src}", f"of={dst}", "bs=1M", "status=none"],
+}
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").digest()
+
+
+def copies(mib):
+    """Peak memory of one default mount while the COPIERS run at once, each on a file of its own."""
+    with samba_lab((COPY_KIND,), rate=RATE) as lab:
+        share = lab.server.shares[COPY_KIND].path
+        for i in range(len(COPIERS)):
+            with open(share / f"src{i}", "wb") as f:
+                for _ in range(mib):
+                    f.write(os.urandom(MiB))
+        with share_mount(lab.server, COPY_KIND) as mnt:
+            sid = status(mnt)["pid"]
+            before = session_rss(sid)
+            with Sampler(sid) as sampler:
+                start = time.monotonic()
+                procs = [subprocess.Popen(argv(mnt / f"src{i}", mnt / f"dst{i}"))
+                         for i, argv in enumerate(COPIERS.values())]
+                if any(p.wait() for p in procs):
+                    raise RuntimeError("a copy failed")
+                seconds = time.monotonic() - start
+            time.sleep(IDLE)
+            idle = session_rss(sid)
+            counters = status(mnt)["counters"]
+        wrong = [tool for i, tool in enumerate(COPIERS) if sha256(share / f"dst{i}") != sha256(share / f"src{i}")]
+    print(f"daemon memory, {len(COPIERS)} copies by read()+write() at once ({', '.join(COPIERS)}), "
+          f"{mib} MiB each, inside a Samba {COPY_KIND} share behind a {RATE} link; MB resident")
+    print(f"  {'before':>8}{'peak':>8}{f'idle {IDLE} s':>10}{'seconds':>9}  recognised, committed")
+    print(f"  {before / 1e6:8.0f}{max(sampler.peak, before) / 1e6:8.0f}{idle / 1e6:10.0f}{seconds:9.1f}  "
+          f"{counters['recognised_bytes'] / MiB:.0f} MiB, {counters['recognised_committed']}, "
+          f"{counters['recognised_written']} B written instead")
+    print("every copy right" if not wrong else f"WRONG DATA: {', '.join(wrong)}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4 + 4 streams of 16 MiB")
-    size = QUICK if parser.parse_args().quick else FULL
+    parser.add_argument("--quick", action="store_true", help="4 + 4 streams of 16 MiB; copies of 64 MiB")
+    parser.add_argument("--copies", action="store_true", help="offloadfs alone: recognised copies at once")
+    args = parser.parse_args()
+    if args.copies:
+        copies(64 if args.quick else 1024)
+        return
+    size = QUICK if args.quick else FULL
     install_peers()
     rows = {}
     with contextlib.ExitStack() as stack:
