@@ -15,6 +15,8 @@ under TCG, slow to move bytes.
 
 import os
 import shutil
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -209,6 +211,29 @@ def test_two_copies_interleaved(anywhere):
     for i, (_, digest) in enumerate(sources):
         assert sha256(mnt.backing / f"dst{i}") == digest
     assert_offloaded(mnt, 2 * mnt.size)
+
+
+@pytest.mark.parametrize("where", ["local-btrfs", "smb-btrfs"])
+def test_copies_at_once_past_the_bound_on_what_is_held(mount_on, where):
+    """Four tools at once, holding more than the mount's bound (recognise.HELD_MAX, 64 MiB) between
+    them: files commit under the bound while others close (one such write met a file committed
+    meanwhile and failed with EIO)."""
+    mnt = place(where, mount_on)
+    size = 40 * MiB + 4321
+    sources = [source_file(mnt, f"src{i}", size) for i in range(4)]
+    dst = [mnt.path / f"dst{i}" for i in range(4)]
+    procs = [subprocess.Popen(["rsync", "-a", sources[0][0], dst[0]]),
+             subprocess.Popen(["rsync", "-a", sources[1][0], dst[1]]),
+             subprocess.Popen([sys.executable, "-c", "import shutil, sys; shutil.copyfile(*sys.argv[1:])",
+                               sources[2][0], dst[2]]),
+             subprocess.Popen(["dd", f"if={sources[3][0]}", f"of={dst[3]}", "bs=1M", "status=none"])]
+    assert [p.wait(timeout=300) for p in procs] == [0] * 4
+    for i, (_, digest) in enumerate(sources):
+        assert sha256(mnt.backing / f"dst{i}") == digest
+    # Not every chunk: with four readers at once, up to 150 KB of the 160 MiB (1 run in 3 on local
+    # btrfs) went unrecognised and was written as it came; what was recognised was all committed.
+    c = mnt.counters()
+    assert committed(c) >= 0.99 * 4 * size and c["recognised_written"] == 0, c
 
 
 def test_detect_copies_off(mount_on):
