@@ -21,7 +21,6 @@ recognised; every copy is checked on the server.
 
 import argparse
 import contextlib
-import hashlib
 import os
 import subprocess
 import tempfile
@@ -31,7 +30,7 @@ from pathlib import Path
 
 from offloadfs.lab.mount import status
 from offloadfs.lab.samba import samba_lab
-from offloadfs.lab.smbdemo import RATE, share_mount
+from offloadfs.lab.smbdemo import RATE, sha256, share_mount
 from peers import install_peers, rclone_mount, smbnetfs_mount
 
 KIND = "xfs"
@@ -112,11 +111,6 @@ COPIERS = {
                                          src, dst],
     "dd bs=1M": lambda src, dst: ["dd", f"if={src}", f"of={dst}", "bs=1M", "status=none"],
 }
-
-
-def sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").digest()
 
 
 def copies(mib):
