@@ -174,6 +174,15 @@ class Served:
         first = s = self.streams.get(source)
         while s is not None and s.then is not None and offset >= s.until:
             s = s.then
+        if s is not None and s.version == ver and s.begun <= offset and offset + len(data) <= s.start:
+            # Cut already, read again (four copies at once: the kernel dropped the pages): the stream
+            # goes on, where ending it lost the chunks around where it stood; the chunks the reply
+            # begins with are put back as served last.
+            end = offset + len(data)
+            while (known := self.at.get((source, offset))) is not None and offset + known.length <= end:
+                self._put(known)
+                offset += known.length
+            return
         if s is not None and s.version == ver and s.cut and s is first and s.begun - AHEAD_SPAN <= offset < s.begun:
             # Not the first reply asked for, but the first ones cut: a stream of its own up to them.
             s = self.streams[source] = Stream(ver, offset, offset, until=s.begun, then=s)
