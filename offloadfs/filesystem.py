@@ -760,12 +760,11 @@ class Filesystem(Operations):
         if h.append:
             offset = await self._append_at(h)
         h.inode.data_changes += 1
-        if self.recogniser is None or h.inode.source.index not in self.copies_to:
-            await self._write_out(h, offset, data)
-        else:
+        if self._recognising(h.inode):
             await self.recogniser.write(h, offset, data)
-        self.stats.fuse_write_bytes += len(data)
-        self._stale(h.inode)
+        else:
+            await self._write_out(h, offset, data)
+        self._wrote(h.inode, data)
         if kill_suidgid:
             await self._kill_suidgid(h.inode, h.file)
         return len(data)
@@ -774,13 +773,20 @@ class Filesystem(Operations):
         """A write that only joins data held for a recognised copy (Recogniser.write_now) is
         taken at once; any other is left to write."""
         h = self.handles.get(fh)
-        if (h is None or h.append or kill_suidgid or self.recogniser is None
-                or h.inode.source.index not in self.copies_to or not self.recogniser.write_now(h, offset, data)):
+        if (h is None or h.append or kill_suidgid or not self._recognising(h.inode)
+                or not self.recogniser.write_now(h, offset, data)):
             return None
         h.inode.data_changes += 1
-        self.stats.fuse_write_bytes += len(data)
-        self._stale(h.inode)
+        self._wrote(h.inode, data)
         return len(data)
+
+    def _recognising(self, inode):
+        """Whether writes to ``inode`` go through the recogniser (recognise.py)."""
+        return self.recogniser is not None and inode.source.index in self.copies_to
+
+    def _wrote(self, inode, data):
+        self.stats.fuse_write_bytes += len(data)
+        self._stale(inode)
 
     async def _append_at(self, h):
         """Where an append through ``h`` goes: the end of the file as the server has it, once what

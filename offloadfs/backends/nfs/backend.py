@@ -594,8 +594,7 @@ class NFSBackend(Backend):
 
     async def clone_range(self, src_file, src_offset, dst_file, dst_offset, length):
         self._supported(ops.OP_CLONE, "CLONE")
-        blk = self.clone_blksize
-        if blk and (src_offset % blk or dst_offset % blk):
+        if src_offset % self.clone_align or dst_offset % self.clone_align:
             raise NotSupported("CLONE: offsets not aligned to the clone block size")
         try:
             await self._with_state([src_file, dst_file], lambda s, d: [
