@@ -3,12 +3,14 @@ import errno
 import os
 import socket
 import struct
+import sys
 
 import pytest
 import trio
 
 from offloadfs.fuse import abi
 from offloadfs.fuse import session as session_module
+from offloadfs.fuse.poll import POLL_MAX, POLL_START, Poll
 from offloadfs.fuse.operations import DirEntry, Entry, Opened, Operations
 from offloadfs.fuse.session import MAX_COPY_32, MAX_WRITE, ProtocolError, Session
 from offloadfs.backends.base import Stat
@@ -405,4 +407,77 @@ async def test_a_write_taken_at_once_waits_for_the_writes_to_its_file_before_it(
             ops.go.set()
             replies = [(await dev.reply())[0] for _ in range(2)]
         assert replies[0] == slow and ops.order == {2: [0, 1], 3: [1]}
+        nursery.cancel_scope.cancel()
+
+
+def test_the_window_opens_while_requests_come_quickly_and_closes_while_they_do_not():
+    poll = Poll(-1)
+    assert poll.window == 0.0
+    poll.slept(5e-6)
+    assert poll.window == POLL_START
+    for _ in range(10):
+        poll.slept(5e-6)
+    assert poll.window == POLL_MAX
+    steps = 0
+    while poll.window:
+        poll.slept(1e-3)
+        steps += 1
+    assert 2 <= steps <= 5
+
+
+def test_a_window_that_passed_with_nothing_shrinks_even_when_the_request_came_soon_after():
+    """With every CPU busy, the program we wait for may run only once we stop reading: a short
+    sleep after a window that caught nothing must not open it wider."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    a.setblocking(False)
+    poll = Poll(a.fileno())
+    poll.useful = True
+    poll.window = POLL_MAX
+    assert poll.read(100, lambda: True) is None and poll.missed
+    poll.slept(5e-6)
+    assert poll.window == POLL_MAX / 2 and not poll.missed
+    b.send(b"x")
+    assert poll.read(100, lambda: True) == b"x" and poll.window == POLL_MAX / 2  # there at once
+    a.close(), b.close()
+
+
+def test_a_closed_window_or_a_busy_daemon_reads_once():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    a.setblocking(False)
+    poll = Poll(a.fileno())
+    asked = []
+    assert poll.read(100, lambda: asked.append(1) or True) is None and asked == []  # closed: not asked
+    poll.window = 1.0
+    assert poll.read(100, lambda: False) is None  # not idle: no second read
+    b.send(b"x")
+    assert poll.read(100, lambda: False) == b"x" and poll.caught == 0
+    a.close(), b.close()
+
+
+KERNEL = """
+import socket, struct, sys
+from offloadfs.fuse import abi
+kernel = socket.socket(fileno=int(sys.argv[1]))
+body = abi.write_in.pack(0, 0, 3, 0, 0, 0, 0) + b"now"
+for unique in range(2, 2 + 2 * int(sys.argv[2]), 2):
+    kernel.send(abi.in_header.pack(abi.in_header.size + len(body), abi.WRITE, unique, 2, 0, 0, 42, 0, 0) + body)
+    assert abi.out_header.unpack_from(kernel.recv(4096))[1:] == (0, unique)
+"""
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="reading again only pays with a second CPU")
+async def test_a_program_writing_one_small_record_after_another_is_served_without_sleeping():
+    """tar x sends its next WRITE some microseconds after the reply to the last: the reader, with
+    nothing else to do, reads again for it instead of sleeping in epoll (poll.py)."""
+    ops = WritesNow()
+    count = 400
+    async with trio.open_nursery() as nursery:
+        dev, session, _ = await serving(nursery, ops)
+        dev.unique = 2 * count + 2
+        with trio.fail_after(30):
+            done = await trio.run_process([sys.executable, "-c", KERNEL, str(dev.kernel.fileno()), str(count)],
+                                          pass_fds=[dev.kernel.fileno()], check=False)
+        assert done.returncode == 0
+        assert ops.order[2] == [0] * count
+        assert session._poll.caught > count // 2
         nursery.cancel_scope.cancel()

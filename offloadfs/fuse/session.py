@@ -11,11 +11,13 @@ import fcntl
 import logging
 import os
 import stat
+import time
 from dataclasses import dataclass
 
 import trio
 
 from . import abi
+from .poll import Poll
 from .operations import NOW, ConnInfo, Ctx, Entry, Operations, SetAttr
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,7 @@ class Session:
         self._backing_of = {}  # fh -> nodeid, for handles opened in passthrough
         self._nursery = None
         self._burst = 0  # requests read since the reader last yielded
+        self._poll = Poll(fd)
         os.set_blocking(fd, False)
 
     # -- the loop -------------------------------------------------------
@@ -127,25 +130,32 @@ class Session:
 
         Requests already queued are read without yielding to the tasks started for the ones
         before (every BURST-th one yields): a scheduler round per request costs as much as a
-        small request's own work, and the queue is bounded by the kernel's own limits."""
+        small request's own work, and the queue is bounded by the kernel's own limits.  With
+        none queued, the reader reads again for a moment before it sleeps (poll.py)."""
         self._burst += 1
         if self._burst >= BURST:
             self._burst = 0
             await trio.lowlevel.checkpoint()
         while True:
             try:
-                buf = os.read(self.fd, READ_BUFFER)
-            except BlockingIOError:
-                self._burst = 0
-                await trio.lowlevel.wait_readable(self.fd)
-                continue
+                buf = self._poll.read(READ_BUFFER, self._idle)
             except OSError as e:
                 if e.errno in (errno.ENOENT, errno.EINTR):
                     continue  # a request interrupted before we read it
                 if e.errno == errno.ENODEV:
                     return None
                 raise
+            if buf is None:
+                self._burst = 0
+                asleep = time.perf_counter()
+                await trio.lowlevel.wait_readable(self.fd)
+                self._poll.slept(time.perf_counter() - asleep)
+                continue
             return buf or None
+
+    def _idle(self):
+        """Nothing to do but wait for the kernel: no request in progress, no task to run."""
+        return not self._inflight and trio.lowlevel.current_statistics().tasks_runnable == 0
 
     def _dispatch(self, buf):
         length, opcode, unique, nodeid, uid, gid, pid, extlen, _ = abi.in_header.unpack_from(buf)
