@@ -28,13 +28,13 @@ read of each version; where it moved, the bytes are read again and labelled
 with the new version, and later reads that knew the old one get the new one.
 """
 import collections
-import hashlib
 import logging
 import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import trio
+from blake3 import blake3
 from pyfastcdc import FastCDC
 
 from .stats import OFFLOADS
@@ -62,7 +62,10 @@ COMMIT_ALIGN = 64 << 10
 
 
 def digest(data):
-    return hashlib.sha256(data).digest()  # SHA-NI: 1.5 GiB/s here, blake2b 0.85
+    """A strong hash of a chunk (BLAKE3: 3.5-5.7 GiB/s on 8-64 KiB chunks here, SHA-256 with
+    SHA-NI 1.1-1.5, blake2b 0.8; with FastCDC's 1.8 GiB/s cut, SHA-256 took a third of the
+    daemon's CPU reading on a bare veth)."""
+    return blake3(data).digest()
 
 
 def sample(data):
