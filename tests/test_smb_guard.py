@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 smbprotocol = pytest.importorskip("smbprotocol", reason="smbprotocol is not installed")
-from smbprotocol.connection import Commands, Connection, Dialects  # noqa: E402
+from smbprotocol.connection import Commands, Connection, Dialects, SigningAlgorithms  # noqa: E402
 from smbprotocol.header import SMB2HeaderRequest, SMB2HeaderResponse, Smb2Flags  # noqa: E402
 
 import test_smb_messages  # noqa: E402
@@ -85,16 +85,18 @@ def test_only_async_interim_replies_go_unverified():
 def test_a_frame_longer_than_the_server_may_send_is_refused_before_reading_it():
     conn = connection()
     conn.max_read_size = conn.max_write_size = conn.max_transact_size = 8 << 20
-    reads = []
-
-    def recv(n, timeout):
-        reads.append(n)
-        return b"\xff\xff\xff\xff", timeout
-
-    conn.transport = SimpleNamespace(_recv=recv)
+    conn.transport = transport(b"\xff\xff\xff\xff" + b"the rest")
     with pytest.raises(smbconn._Refused, match="over the 8454144-byte limit"):
         conn._recv_frame(600)
-    assert reads == [4]
+    assert conn.transport._sock.recv(100) == b"the rest"  # not read
+
+
+def transport(stream):
+    """What the receive worker uses of smbprotocol's Tcp, on a socket that holds ``stream``, then ends."""
+    ours, theirs = socket.socketpair()
+    theirs.sendall(stream)
+    theirs.close()
+    return SimpleNamespace(_sock=ours, _close_lock=threading.Lock(), connected=True, close=ours.close, send=None)
 
 
 # -- framing: requests as smbprotocol would send them, replies into Requests ------------------------------------
@@ -159,16 +161,7 @@ def signed_reply(conn, message_id, data, status=errors.SUCCESS, command=Commands
 
 def receiving(conn, frames):
     """Run conn's receive worker over ``frames`` (each a whole SMB2 frame), then an orderly end of stream."""
-    stream = bytearray(b"".join(len(f).to_bytes(4, "big") + f for f in frames))
-
-    def recv(n, timeout):
-        if not stream:
-            return None, timeout
-        piece = bytes(stream[:n])
-        del stream[:n]
-        return piece, timeout
-
-    conn.transport = SimpleNamespace(_recv=recv, send=None, connected=True, close=lambda: None)
+    conn.transport = transport(b"".join(len(f).to_bytes(4, "big") + f for f in frames))
     conn.max_read_size = conn.max_write_size = conn.max_transact_size = 1 << 20
     conn._process_message_thread()
 
@@ -242,3 +235,19 @@ def read_all(sock, n):
     while len(data) < n:
         data += sock.recv(n - len(data))
     return bytes(data)
+
+
+@pytest.mark.parametrize("dialect, algorithm", [(Dialects.SMB_2_1_0, None), (Dialects.SMB_3_0_0, None),
+                                                (Dialects.SMB_3_1_1, SigningAlgorithms.AES_GMAC),
+                                                (Dialects.SMB_3_1_1, SigningAlgorithms.AES_CMAC)])
+@pytest.mark.parametrize("command", [Commands.SMB2_READ, Commands.SMB2_CANCEL])
+def test_a_signature_is_smbprotocols(dialect, algorithm, command):
+    """Signatures are made in place (no copy of a 1 MiB message to zero its field): the same as
+    smbprotocol's, for each algorithm, on requests and replies."""
+    conn = smbconn.GuardedConnection(uuid.uuid4(), "127.0.0.1", 445)
+    conn.dialect, conn.signing_algorithm_id = dialect, algorithm
+    msg = bytearray(os.urandom(200))
+    msg[48:64] = bytes(16)
+    for response in (False, True):
+        assert conn.signature(memoryview(msg), KEY, 77, response, command) == \
+            conn._generate_signature(bytes(msg), KEY, 77, response, command)
