@@ -251,3 +251,26 @@ def test_a_signature_is_smbprotocols(dialect, algorithm, command):
     for response in (False, True):
         assert conn.signature(memoryview(msg), KEY, 77, response, command) == \
             conn._generate_signature(bytes(msg), KEY, 77, response, command)
+
+
+def test_a_reply_that_stops_coming_is_refused_and_an_idle_stream_times_out(monkeypatch):
+    """Frames are received in place (_recv_into) with Tcp._recv's waits: nothing at all within the
+    idle timeout is a TimeoutError (the worker echoes), half a frame that stops is refused."""
+    conn = connection()
+    conn.max_read_size = conn.max_write_size = conn.max_transact_size = 1 << 20
+    ours, theirs = socket.socketpair()
+    conn.transport = SimpleNamespace(_sock=ours, _close_lock=threading.Lock(), connected=True, close=ours.close)
+    with pytest.raises(TimeoutError):
+        conn._recv_frame(0.1)
+    theirs.sendall((100).to_bytes(4, "big") + b"half")
+    monkeypatch.setattr(smbconn, "CONNECT_TIMEOUT", 0.1)
+    with pytest.raises(smbconn._Refused, match="did not come whole"):
+        conn._recv_frame(0.1)
+    theirs.close()
+
+
+def test_a_stream_that_ends_within_a_frame_ends_the_worker_quietly():
+    conn = connection()
+    conn.max_read_size = conn.max_write_size = conn.max_transact_size = 1 << 20
+    conn.transport = transport((100).to_bytes(4, "big") + b"half")
+    assert conn._recv_frame(600) == b""
