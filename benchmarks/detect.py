@@ -1,11 +1,11 @@
 """Benchmark tools that copy with read()+write() through offloadfs: recognised copies against sent bytes.
 
 Not a test: it prints a table and asserts nothing. Run as root:
-    .venv/bin/python benchmarks/detect.py [--size 64M] [--nfsd]
+    .venv/bin/python benchmarks/detect.py [--size 64M] [--places smb,nfsd]
 
 rsync -a of one big file (--size, default 1 GiB), shutil.copyfile of it, and `tar c | tar x` of a tree of
-16 files as big in all, inside one share: a btrfs and an xfs share of the lab's smbd (and with --nfsd the
-lab's nfsd guest, qemu TCG, slow), each through three mounts: default (copies recognised and done on the
+16 files as big in all, inside one share: a btrfs and an xfs share of the lab's smbd (`--places smb`, the
+default) and the lab's nfsd guest (`nfsd`: qemu TCG, slow), each through three mounts: default (copies recognised and done on the
 server), -o detect_copies=off (every byte goes up) and -o offload=off. Once on a symmetric 1 Gbit link and
 once on net.ASYMMETRIC (1 Gbit down, 50 Mbit up: a laptop at home), where the upload is the bottleneck:
 at 1 GiB the runs without recognition take about 3 min each there, some 40 min in all. Every run gets a
@@ -159,12 +159,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=size_arg, default=GiB, help="bytes of the big file and of the tree "
                         "(1G, 64M, ...; default 1G)")
-    parser.add_argument("--nfsd", action="store_true", help="also on the lab's nfsd guest (slow)")
+    parser.add_argument("--places", type=lambda text: text.split(","), default=["smb"],
+                        help="smb (the lab's btrfs and xfs shares), nfsd (its guest: slow) or both (smb,nfsd)")
     args = parser.parse_args()
+    rows_of = {"smb": samba_rows, "nfsd": nfsd_rows}
+    if not args.places or not set(args.places) <= rows_of.keys():
+        parser.error(f"--places: a comma-separated list of {', '.join(rows_of)}")
     results = {}
     for name, rate in LINKS.items():
         print(f"{name} ...", flush=True)
-        results[name] = samba_rows(rate, args.size) + (nfsd_rows(rate, args.size) if args.nfsd else [])
+        results[name] = [row for place in args.places for row in rows_of[place](rate, args.size)]
     for name, rows in results.items():
         print(f"\nread()+write() copies of {label(args.size)} through offloadfs, {name}; one run each")
         print("\n".join(table(rows)))
