@@ -4,8 +4,9 @@ A program that makes one small request after another (tar x's WRITEs of 10 KiB, 
 without a task) sends its next one some microseconds after our reply.  Sleeping in epoll between
 them costs more than the request itself: a trio scheduler round, and a wake-up of a vCPU that
 halted meanwhile, on both sides (tar x of 256 MiB of copied data in an SMB share: 3.1 s, and
-2.0-2.2 s reading again for up to 20-200 us before sleeping, with less CPU used).  So, when the
-daemon has nothing else to do, the reader reads again for up to ``window`` seconds.
+2.0-2.2 s reading again for up to 20-200 us before sleeping, with less CPU used).  So, after a
+request answered at once and with nothing else to do (Session._idle), the reader reads again for
+up to ``window`` seconds.
 
 The window adapts, much as the kernel's haltpoll governor does for an idle vCPU: a sleep shorter
 than POLL_MAX opens it (doubling), a longer one shrinks it (halving, then closing), and so does
