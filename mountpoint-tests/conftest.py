@@ -110,6 +110,15 @@ def nfsd():
     yield from _nfs_lab(nfskit.nfsd_place)
 
 
+@pytest.fixture(scope="session")
+def nfsd_reflink():
+    """(nfskit.Place, NfsdLab) of a second nfsd guest, whose xfs has reflink: copies are CLONEs."""
+    yield from _nfs_lab(lambda: nfskit.nfsd_place(reflink=True))
+
+
+FIXTURES = {"nfs-ganesha": "ganesha", "nfsd": "nfsd", "nfsd-reflink": "nfsd_reflink"}
+
+
 @pytest.fixture
 def mount_on(request, backing):
     """Factory: mount_on(where or {name: where}, options) -> Mount of fresh
@@ -117,15 +126,15 @@ def mount_on(request, backing):
 
     where is "local-KIND" (a loop filesystem of that kind), "smb-KIND" (the
     lab's share on one), "smb2-KIND" (the same on the lab's second server),
-    "nfs-ganesha" or "nfsd" (a directory in that server's export; its backing
-    is the view nfskit describes).
+    "nfs-ganesha", "nfsd" or "nfsd-reflink" (a directory in that server's
+    export; its backing is the view nfskit describes).
     """
     with ExitStack() as stack:
 
         def place(where):
             """(source, backing path) of a fresh directory at `where`."""
             if where in nfskit.PLACES:
-                place, _ = request.getfixturevalue("nfsd" if where == "nfsd" else "ganesha")
+                place, _ = request.getfixturevalue(FIXTURES[where])
                 url, path = place.fresh_dir()
                 stack.callback(shutil.rmtree, path, ignore_errors=True)
                 return url, path

@@ -30,7 +30,7 @@ from offloadfs.lab.ganesha import ganesha_lab
 from offloadfs.lab.loopfs import MKFS
 from offloadfs.lab.mount import offloadfs_mount
 
-PLACES = ("nfs-ganesha", "nfsd")
+PLACES = ("nfs-ganesha", "nfsd", "nfsd-reflink")
 
 NO_POSIX_ACL = "NFSv4 has no POSIX ACLs or security labels as extended attributes"
 
@@ -41,6 +41,7 @@ CANNOT = {
         "posix_acl": NO_POSIX_ACL,
     },
     "nfsd": {"posix_acl": NO_POSIX_ACL},
+    "nfsd-reflink": {"posix_acl": NO_POSIX_ACL},
 }
 
 # NFSv4 times carry nanoseconds, and both servers store them on xfs.

@@ -115,6 +115,15 @@ def version(st, inode):
     return st.size, st.mtime_ns, st.ctime_ns, st.change, st.ino, inode.data_changes
 
 
+def offload_touched(before, after):
+    """True where a source's version ``after`` an offload from it differs from ``before`` only as
+    the offload itself may have made it: its ctime and NFS change attribute moved, its size, mtime
+    and identity did not.  xfs marks a file shared on its first clone, through the file's ctime and
+    change attribute (Linux nfsd 6.1); any write to its data, ours or another client's, moves its
+    mtime too."""
+    return before[:2] == after[:2] and before[4:] == after[4:]
+
+
 @dataclass(slots=True, frozen=True)
 class Chunk:
     """One chunk as served: ``source`` is the file's inode key."""
@@ -371,6 +380,9 @@ class Recogniser:
         # inode key -> (version known before a read, version asked for after it, its attributes,
         # when they came): what later reads that knew the first are labelled with.
         self.checked = OrderedDict()
+        # (source key, version its data was served as) -> the version our own offloads from it left
+        # (offload_touched), which a later commit of data served as the first finds unchanged.
+        self.offloaded = OrderedDict()
         self.held = 0
         self.holding = {}  # id(Pending) -> Pending with runs, oldest first: what backpressure commits
 
@@ -577,14 +589,23 @@ class Recogniser:
             return 0
         try:
             source = self.endpoint(src, file)
-            if version(await backend.getattr(src.node, file), src) != run.version:
+            before = version(await backend.getattr(src.node, file), src)
+            if before not in (run.version, self.offloaded.get((run.source, run.version))):
                 log.info("%s changed since it was read: writing the data copied from it", source.label)
                 return 0
             await self.drain(h.inode)  # a write still on its way there could land after the copy
             moved = await self.planner.offload_copy(source, run.src, self.endpoint(h.inode, h.file), run.dst,
                                                     run.length)
-            if moved and version(await backend.getattr(src.node, file), src) != run.version:
-                return 0  # changed while copied: the held bytes are written over what came
+            if moved:
+                after = version(await backend.getattr(src.node, file), src)
+                if after != before:
+                    if not offload_touched(before, after):
+                        log.info("%s changed while copied: writing the data copied from it", source.label)
+                        return 0  # the held bytes are written over what came
+                    self.offloaded[run.source, run.version] = after
+                    self.offloaded.move_to_end((run.source, run.version))
+                    while len(self.offloaded) > VERSIONS:
+                        self.offloaded.popitem(last=False)
         except OSError as e:
             log.info("a pending copy failed, writing the data: %s", e)
             return 0

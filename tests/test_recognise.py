@@ -17,6 +17,8 @@ from offloadfs.stats import Stats
 class File(bytearray):
     changes = 0  # what ctime would say
     version = 0  # what NFS's change attribute would say
+    written = 0  # what mtime would say
+    shared = False  # cloned from: xfs marks the file on its first clone
     accessed = False  # read since the last change: a read updates the access time no more (relatime)
 
 
@@ -33,6 +35,8 @@ class Server(Backend):
         # Linux nfsd on xfs (6.1): the access time a read updates changes the change attribute too.
         self.reads_change_version = False
         self.after_read = None  # called after each read: another client's doing
+        self.after_clone = None  # called after each clone, with its source: another client's doing
+        self.clone_marks_source = False  # xfs: a first clone moves the source's ctime and change attribute
 
     async def open(self, node, flags):
         return node
@@ -41,7 +45,8 @@ class Server(Backend):
         pass
 
     async def getattr(self, node, file=None):
-        return Stat(ino=id(node), mode=0o100644, size=len(node), ctime_ns=node.changes, change=node.version)
+        return Stat(ino=id(node), mode=0o100644, size=len(node), mtime_ns=node.written, ctime_ns=node.changes,
+                    change=node.version)
 
     async def read(self, file, offset, size):
         data = bytes(file[offset:offset + size])
@@ -62,6 +67,7 @@ class Server(Backend):
         file[offset:offset + len(data)] = data
         file.changes += 1
         file.version += 1
+        file.written += 1
         file.accessed = False
         return len(data)
 
@@ -72,7 +78,14 @@ class Server(Backend):
             raise NotSupported("offsets not aligned")
         if src_off + length < len(src):
             length -= length % self.clone_align
-        return self._put(dst, dst_off, src[src_off:src_off + length])
+        n = self._put(dst, dst_off, src[src_off:src_off + length])
+        if self.clone_marks_source and not src.shared:
+            src.shared = True
+            src.changes += 1
+            src.version += 1
+        if self.after_clone is not None:
+            self.after_clone(src)
+        return n
 
 
 class Mount:
@@ -317,6 +330,38 @@ async def test_a_source_changed_right_after_a_read_is_not_copied_for_what_it_hel
     await copy(m, h, got, BLOCK)
     await m.rec.commit(h.inode)
     assert bytes(h.file) == got
+
+
+async def test_the_first_clone_from_a_source_is_not_taken_for_a_change_to_it():
+    """xfs marks a file shared on its first clone (Linux nfsd: its ctime and change attribute
+    move): the copies of data served before it are committed all the same, the first and the next."""
+    m = Mount(DATA)
+    m.server.clone_marks_source = True
+    await m.serve()
+    one, two = m.handle("one"), m.handle("two")
+    await copy(m, one, DATA, BLOCK)
+    await copy(m, two, DATA, BLOCK)
+    await m.rec.commit(one.inode)
+    await m.rec.commit(two.inode)
+    assert bytes(one.file) == bytes(two.file) == DATA and m.src.node.shared
+    c = m.counters()
+    assert c["recognised_committed"]["clone"] == 2 * len(DATA) and c["recognised_written"] == 0, c
+
+
+async def test_a_source_written_while_copied_gets_the_held_bytes_written():
+    m = Mount(DATA)
+    m.server.clone_marks_source = True
+    await m.serve()
+
+    def rewrite(src):
+        m.server.after_clone = None
+        m.server._put(src, 0, b"XXXX")
+
+    m.server.after_clone = rewrite
+    h = m.handle("dst")
+    await copy(m, h, DATA, BLOCK)
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == DATA and m.counters()["recognised_written"] == len(DATA)
 
 
 async def test_a_failed_copy_gets_the_held_bytes_written():
