@@ -158,7 +158,10 @@ class Session:
         """The last request was answered at once, and nothing else is to do: no request in
         progress, no task to run.  (After requests answered by tasks, work may go on behind them,
         as writes behind do, in threads that reading again would keep from the GIL: dd bs=1M to
-        an SMB share on a bare veth lost a fifth of its rate.)"""
+        an SMB share on a bare veth lost a fifth of its rate.  Reading again after tasks only while
+        nothing went on behind them, the reader letting tasks just started answer first, did not
+        pay either, in 5 rounds alternating with this code on the Samba lab: `find` over 2000 files
+        within its noise (9-77 ms either way), `cp -r` of them 4 % and `rm -rf` 12 % slower.)"""
         return (self._at_once and not self._inflight
                 and trio.lowlevel.current_statistics().tasks_runnable == 0)
 
