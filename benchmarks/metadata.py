@@ -81,7 +81,7 @@ def warm_server(share):
     """Read the share's directories and inodes back into the lab server's caches, on its side.
     drop_caches empties them with the client's (the lab's server and clients share one kernel),
     which no client's drop_caches does to a real file server: the tools that ask the server paid a
-    cold disk that no user does (offloadfs's `find`: 5 ms of its 22 in its one listing)."""
+    cold disk that no user does (offloadfs's `find`: 0.022 s so, 0.014 s with the caches read back)."""
     run("ls", "-lR", share)
 
 
