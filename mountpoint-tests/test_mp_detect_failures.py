@@ -38,7 +38,7 @@ def held_copy(mnt):
         for off in range(0, SIZE, MiB):
             os.pwrite(fd, data[off:off + MiB], off)
         # Held, but for the last chunks, which wait for the close to be decided (recognise.CUT_AT), and
-        # maybe a chunk or two between: with both CPUs kept busy, 2 tries in some 15 recognised only
+        # maybe a chunk or two between: with both CPUs kept busy, 2 of at most 20 tries recognised only
         # 3.82-3.88 MB, in three runs with 50-65 KB gaps between them, likely read replies of src that
         # completed too far out of order (as test_mp_detect's copies at once sees).
         assert mnt.counters()["recognised_bytes"] >= 0.9 * SIZE - CUT_AT, mnt.counters()
