@@ -210,6 +210,30 @@ async def test_rename_moves_nodes_below(connect):
         assert a.path == f"{d.path}\\empty" and sub.path == f"{d.path}\\empty\\sub"
 
 
+async def test_names_below_a_directory_are_found_through_its_forgotten_names(connect):
+    """A removal or rename reaches every known name below the path through an index by directory, also
+    below a name the kernel forgot meanwhile; the index keeps nothing once its nodes are forgotten.
+    (Scanning every known name instead cost `rm -rf` of 2000 files a fifth of the daemon's CPU.)"""
+    async with connect() as (b, d, path):
+        a, _ = await b.mkdir(d, b"a", 0o755)
+        sub, _ = await b.mkdir(a, b"sub", 0o755)
+        f = await make_file(b, sub, b"f", b"data")
+        (path / "a" / "sub").rename(path / "a" / "moved")  # another client
+        (path / "a" / "sub").write_bytes(b"x")
+        replaced, _ = await b.lookup(a, b"sub")
+        assert replaced is not sub and sub.path is None
+        b.forget(replaced)  # a\sub is known no more; a\sub\f still is
+        await b.rename(d, b"a", d, b"b", 0)
+        assert (a.path, f.path) == (f"{d.path}\\b", f"{d.path}\\b\\sub\\f")
+        shutil.rmtree(path / "b")  # another client
+        with pytest.raises(FileNotFoundError):
+            await b.lookup(d, b"b")
+        assert a.path is None and f.path is None
+        for node in (a, sub, f):
+            b.forget(node)
+        assert set(b.nodes) == {"", d.path} and b.below == {"": {d.path}}
+
+
 async def test_unlink_rmdir_and_open_files(connect):
     async with connect() as (b, d, path):
         node, _, f = await b.create(d, b"open", CREATE, 0o644)

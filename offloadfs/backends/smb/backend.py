@@ -113,6 +113,7 @@ class SMBBackend(Capabilities, Backend):
         self.share = self.target.share
         self.client = None
         self.nodes = {}  # path -> Node, for every node the filesystem holds
+        self.below = {}  # path -> the paths one level below it that are in nodes or have paths below them
         self.by_id = {}  # file id -> Node, the same nodes
         self.can_clone = False
         self.namelen = 255
@@ -232,8 +233,41 @@ class SMBBackend(Capabilities, Backend):
         node.path = path
         node.paths.pop(path, None)
         node.paths[path] = None
-        self.nodes[path] = node
+        self._name(path, node)
         return node
+
+    def _name(self, path, node):
+        self.nodes[path] = node
+        while path:  # the share's root, "", is below nothing
+            parent = path.rpartition("\\")[0]
+            names = self.below.setdefault(parent, set())
+            if path in names:
+                break
+            names.add(path)
+            path = parent
+
+    def _drop(self, path):
+        """The node ``path`` named, which it names no more."""
+        node = self.nodes.pop(path)
+        while path and path not in self.nodes and not self.below.get(path):
+            self.below.pop(path, None)
+            parent = path.rpartition("\\")[0]
+            names = self.below[parent]
+            names.discard(path)
+            if not names:
+                del self.below[parent]
+            path = parent
+        return node
+
+    def _known(self, path):
+        """``path`` and the known paths below it, parents first."""
+        found, walk = [], [path]
+        while walk:
+            p = walk.pop()
+            if p in self.nodes:
+                found.append(p)
+            walk.extend(self.below.get(p, ()))
+        return found
 
     @staticmethod
     def _unname(node, path):
@@ -244,21 +278,18 @@ class SMBBackend(Capabilities, Backend):
 
     def _removed(self, path):
         """``path`` and everything below it no longer exist."""
-        prefix = path + "\\"
-        for p in [p for p in self.nodes if p == path or p.startswith(prefix)]:
-            self._unname(self.nodes.pop(p), p)
+        for p in self._known(path):
+            self._unname(self._drop(p), p)
 
     def _moved(self, old, new):
         self._removed(new)
-        prefix = old + "\\"
-        for p in [p for p in self.nodes if p == old or p.startswith(prefix)]:
-            node = self.nodes.pop(p)
+        for p, node in [(p, self._drop(p)) for p in self._known(old)]:
             moved = new + p[len(old):]
             del node.paths[p]
             node.paths[moved] = None
             if node.path == p:
                 node.path = moved
-            self.nodes[moved] = node
+            self._name(moved, node)
 
     async def _stat_path(self, path):
         _, body, _ = await self._call([m.create(path, m.READ_ATTRIBUTES), _query_all(), m.close()], path)
@@ -339,7 +370,7 @@ class SMBBackend(Capabilities, Backend):
     def forget(self, node):
         for p in node.paths:
             if self.nodes.get(p) is node:
-                del self.nodes[p]
+                self._drop(p)
         if self.by_id.get(node.ino) is node:
             del self.by_id[node.ino]
 
