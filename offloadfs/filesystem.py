@@ -433,6 +433,11 @@ class Filesystem(Operations):
             st = dataclasses.replace(st, size=max(st.size, self.behind.landed_end(inode)))
         return st
 
+    def getattr_now(self, ctx, nodeid, fh):
+        inode = self.inodes.get(nodeid)
+        st = None if inode is None or inode.source is None else self.cache.fresh(inode)
+        return None if st is None else (self._attr(inode, st), self._ttl(inode))
+
     async def getattr(self, ctx, nodeid, fh):
         inode = self._inode(nodeid)
         if inode.source is not None and self.cache.fresh(inode) is None:
@@ -920,9 +925,16 @@ class Filesystem(Operations):
 
     # -- directories --------------------------------------------------------------
 
+    def opendir_now(self, ctx, nodeid, flags):
+        inode = self.inodes.get(nodeid)
+        keep = None if inode is None else self._kernel_keeps_names_now(inode)
+        return None if keep is None else self._opened_dir(inode, keep)
+
     async def opendir(self, ctx, nodeid, flags):
         inode = self._inode(nodeid)
-        keep = inode.source is not None and await self._kernel_keeps_names(inode)
+        return self._opened_dir(inode, await self._kernel_keeps_names(inode))
+
+    def _opened_dir(self, inode, keep):
         if not keep:
             inode.kernel_listing = None  # the kernel empties its cache of the names
         fh = next(self._fhs)
@@ -930,24 +942,39 @@ class Filesystem(Operations):
         inode.unread += not keep
         return Opened(fh, keep_cache=keep, cache_dir=inode.source is not None)
 
-    async def _kernel_keeps_names(self, inode):
+    def _kernel_keeps_names_now(self, inode):
         """True if the kernel may answer this open's reads from the names it cached (DirCache.
         kernel_may_keep): the directory's version is checked here, as a read would, since no read
         may reach us.  Past attr_timeout, the kernel then has the names without their attributes,
         as from a READDIRPLUS of names alone (``named``).  `find` over unchanged directories costs
-        an open each, not a READDIRPLUS and a READDIR."""
-        kept = self.dircache.kernel_may_keep(inode)
+        an open each, not a READDIRPLUS and a READDIR.  None where the server must say whether
+        the directory changed (_kernel_keeps_names asks)."""
+        kept = self.dircache.kernel_may_keep(inode) if inode.source is not None else None
         if kept is None:
             return False
-        if self.dircache.fresh(inode, stats=True) is not kept:
-            try:
-                valid = self.dircache.fresh(inode) or await self._revalidate(inode)
-            except OSError as e:
-                log.debug("%s: checking a listing: %s", self._where(inode), e)
-                return False
-            if valid is not kept or inode.kernel_listing is not kept:
-                return False
-            kept.named = kept.stats
+        if self.dircache.fresh(inode, stats=True) is kept:
+            return True
+        valid = self.dircache.fresh(inode)
+        return None if valid is None else self._keeps_names(inode, kept, valid)
+
+    async def _kernel_keeps_names(self, inode):
+        keep = self._kernel_keeps_names_now(inode)
+        if keep is not None:
+            return keep
+        kept = self.dircache.kernel_may_keep(inode)
+        try:
+            valid = await self._revalidate(inode)
+        except OSError as e:
+            log.debug("%s: checking a listing: %s", self._where(inode), e)
+            return False
+        return self._keeps_names(inode, kept, valid)
+
+    @staticmethod
+    def _keeps_names(inode, kept, valid):
+        """Whether the names the kernel keeps, ``kept``, are still the directory's listing ``valid``."""
+        if valid is not kept or inode.kernel_listing is not kept:
+            return False
+        kept.named = kept.stats
         return True
 
     @staticmethod
@@ -1163,7 +1190,7 @@ class Filesystem(Operations):
             log.debug("%s: listing for attributes: %s", self._where(dir), e)
             return None
 
-    async def releasedir(self, ctx, nodeid, fh):
+    def releasedir(self, ctx, nodeid, fh):
         h = self.handles.pop(fh, None)
         if h is not None:
             self._read(h)

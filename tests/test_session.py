@@ -412,6 +412,59 @@ async def test_a_write_taken_at_once_waits_for_the_writes_to_its_file_before_it(
         nursery.cancel_scope.cancel()
 
 
+class Cached(Operations):
+    """Has node 2's attributes and its directory's names at hand; a request that reaches a task
+    waits for ``go``."""
+
+    def __init__(self):
+        self.go = trio.Event()
+        self.asked = []
+        self.released = []
+
+    def getattr_now(self, ctx, nodeid, fh):
+        return (Stat(ino=nodeid, mode=0o40755, nlink=2), 1.5) if nodeid == 2 else None
+
+    async def getattr(self, ctx, nodeid, fh):
+        self.asked.append((abi.GETATTR, nodeid))
+        await self.go.wait()
+        return Stat(ino=nodeid, mode=0o40755, nlink=2), 1.5
+
+    def opendir_now(self, ctx, nodeid, flags):
+        return Opened(7, keep_cache=True, cache_dir=True) if nodeid == 2 else None
+
+    async def opendir(self, ctx, nodeid, flags):
+        self.asked.append((abi.OPENDIR, nodeid))
+        await self.go.wait()
+        return Opened(8)
+
+    def releasedir(self, ctx, nodeid, fh):
+        self.released.append(fh)
+
+
+async def test_requests_with_answers_at_hand_are_answered_without_a_task():
+    """`find` after attr_timeout asks for each directory's attributes, opens and closes it: with
+    the answers at hand, a task for each request cost about as much as the answer."""
+    ops = Cached()
+    async with trio.open_nursery() as nursery:
+        dev, _, _ = await serving(nursery, ops)
+        dev.send(abi.GETATTR, abi.getattr_in.pack(0, 0, 0), nodeid=3)
+        dev.send(abi.OPENDIR, abi.open_in.pack(0, 0), nodeid=3)
+        getattr_ = dev.send(abi.GETATTR, abi.getattr_in.pack(0, 0, 0), nodeid=2)
+        opendir = dev.send(abi.OPENDIR, abi.open_in.pack(0, 0), nodeid=2)
+        releasedir = dev.send(abi.RELEASEDIR, abi.release_in.pack(7, 0, 0, 0), nodeid=2)
+        with trio.fail_after(5):
+            replies = {unique: (err, body) for unique, err, body in [await dev.reply() for _ in range(3)]}
+            assert sorted(ops.asked) == [(abi.GETATTR, 3), (abi.OPENDIR, 3)]
+            assert replies[getattr_][0] == replies[opendir][0] == replies[releasedir][0] == 0
+            sec, nsec, _, ino, *_ = abi.attr_out.unpack(replies[getattr_][1])
+            assert (sec, nsec, ino) == (1, 500_000_000, 2)
+            assert abi.open_out.unpack(replies[opendir][1])[:2] == (7, abi.FOPEN_KEEP_CACHE | abi.FOPEN_CACHE_DIR)
+            assert ops.released == [7]
+            ops.go.set()
+            assert [(await dev.reply())[1] for _ in range(2)] == [0, 0]
+        nursery.cancel_scope.cancel()
+
+
 def test_the_window_opens_while_requests_come_quickly_and_closes_while_they_do_not():
     poll = Poll(-1)
     assert poll.window == 0.0

@@ -83,7 +83,8 @@ def _nosys(*_args, **_kwargs):
 
 
 class Operations:
-    """Override the operations you implement.  All are coroutines except forget."""
+    """Override the operations you implement.  All are coroutines except forget, releasedir and those
+    answered at once (the ``_now`` ones, no_such_xattr)."""
 
     def init(self, conn: ConnInfo) -> None:
         """Called once INIT is negotiated, before any other request is served."""
@@ -108,9 +109,25 @@ class Operations:
         each cost about as much as the write itself."""
         return None
 
+    def getattr_now(self, ctx, nodeid: int, fh: int | None) -> tuple[object, float] | None:
+        """getattr answered at once, without a task, where the attributes are at hand; None to take it
+        as any request.  `find` past attr_timeout asks for every directory's, then opens and closes
+        it (opendir_now, releasedir): answered so, `find` over a tree of 21 directories took 3-5 %
+        less time (medians of two A/B runs of 16 and 20 rounds on the Samba lab)."""
+        return None
+
+    def opendir_now(self, ctx, nodeid: int, flags: int) -> Opened | None:
+        """opendir answered at once, without a task, where it needs no I/O; None to take it as any
+        request."""
+        return None
+
+    def releasedir(self, ctx, nodeid: int, fh: int) -> None:
+        """The kernel closed directory handle ``fh``; answered at once, without a task."""
+
     def begin(self, ctx: Ctx) -> None:
-        """A request for ``ctx`` starts in the current trio task (each request has its own): state
-        that lasts for the request, such as whom it acts for, can be set here in context variables."""
+        """A request for ``ctx`` starts in the current trio task (each request has its own, but for
+        those answered at once, which the reader answers in its own): state that lasts for the
+        request, such as whom it acts for, can be set here in context variables."""
 
     async def lookup(self, ctx, parent, name) -> Entry: _nosys()
     async def getattr(self, ctx, nodeid, fh) -> tuple[object, float]: _nosys()
@@ -138,7 +155,6 @@ class Operations:
         says the entry still fits in the reply: one that does not fit must not be looked up."""
         _nosys()
 
-    async def releasedir(self, ctx, nodeid, fh) -> None: _nosys()
     async def fsyncdir(self, ctx, nodeid, fh, datasync) -> None: _nosys()
     async def statfs(self, ctx, nodeid) -> object: _nosys()  # fields of struct fuse_kstatfs
     async def access(self, ctx, nodeid, mask) -> None: _nosys()

@@ -198,6 +198,21 @@ class Session:
                 self.reply(unique, abi.write_out.pack(n, 0))
                 self._at_once = True
                 return True
+        now = self._now.get(opcode)
+        if now is not None:
+            ctx = Ctx(uid, gid, pid)
+            self.ops.begin(ctx)
+            try:
+                out = now(self, ctx, nodeid, body)
+            except Exception as e:
+                if not isinstance(e, OSError):
+                    log.exception("request %d failed", unique)
+                self.reply_error(unique, getattr(e, "errno", None) or errno.EIO)
+                return True
+            if out is not None:
+                self.reply(unique, *out)
+                self._at_once = True
+                return True
         self._at_once = False
         handler = self._handlers.get(opcode)
         if handler is None:
@@ -455,10 +470,6 @@ class Session:
         await self.ops.release(ctx, nodeid, fh)
         return ()
 
-    async def _releasedir(self, ctx, nodeid, body):
-        fh, _, _, _ = abi.release_in.unpack_from(body)
-        await self.ops.releasedir(ctx, nodeid, fh)
-        return ()
 
     async def _flush(self, ctx, nodeid, body):
         fh, _, _, _ = abi.flush_in.unpack_from(body)
@@ -511,7 +522,10 @@ class Session:
 
     async def _opendir(self, ctx, nodeid, body):
         flags, _ = abi.open_in.unpack_from(body)
-        opened = await self.ops.opendir(ctx, nodeid, flags)
+        return self._opendir_out(await self.ops.opendir(ctx, nodeid, flags))
+
+    @staticmethod
+    def _opendir_out(opened):
         flags = (abi.FOPEN_KEEP_CACHE if opened.keep_cache else 0) | (abi.FOPEN_CACHE_DIR if opened.cache_dir else 0)
         return (abi.open_out.pack(opened.fh, flags, 0),)
 
@@ -572,12 +586,32 @@ class Session:
     async def _ioctl(self, ctx, nodeid, body):
         raise OSError(errno.ENOTTY, "no ioctls")  # what a tty probe (Python's open) expects
 
+    # -- answered at once, by the reader: (self, ctx, nodeid, body) -> reply buffers, or None to take
+    # the request as any other
+
+    def _getattr_now(self, ctx, nodeid, body):
+        flags, _, fh = abi.getattr_in.unpack_from(body)
+        answer = self.ops.getattr_now(ctx, nodeid, fh if flags & abi.FUSE_GETATTR_FH else None)
+        return None if answer is None else (self._attr_out(*answer),)
+
+    def _opendir_now(self, ctx, nodeid, body):
+        flags, _ = abi.open_in.unpack_from(body)
+        opened = self.ops.opendir_now(ctx, nodeid, flags)
+        return None if opened is None else self._opendir_out(opened)
+
+    def _releasedir(self, ctx, nodeid, body):
+        fh, _, _, _ = abi.release_in.unpack_from(body)
+        self.ops.releasedir(ctx, nodeid, fh)
+        return ()
+
+    _now = {abi.GETATTR: _getattr_now, abi.OPENDIR: _opendir_now, abi.RELEASEDIR: _releasedir}
+
     _handlers = {
         abi.LOOKUP: _lookup, abi.GETATTR: _getattr, abi.SETATTR: _setattr,
         abi.READLINK: _readlink, abi.SYMLINK: _symlink, abi.MKNOD: _mknod, abi.MKDIR: _mkdir,
         abi.UNLINK: _unlink, abi.RMDIR: _rmdir, abi.RENAME: _rename, abi.RENAME2: _rename2,
         abi.LINK: _link, abi.OPEN: _open, abi.CREATE: _create, abi.READ: _read, abi.WRITE: _write,
-        abi.STATFS: _statfs, abi.RELEASE: _release, abi.RELEASEDIR: _releasedir,
+        abi.STATFS: _statfs, abi.RELEASE: _release,
         abi.FLUSH: _flush, abi.FSYNC: _fsync, abi.FSYNCDIR: _fsyncdir,
         abi.SETXATTR: _setxattr, abi.GETXATTR: _getxattr, abi.LISTXATTR: _listxattr,
         abi.REMOVEXATTR: _removexattr, abi.ACCESS: _access, abi.OPENDIR: _opendir,
