@@ -38,7 +38,7 @@ from offloadfs.lab.smbdemo import RATE, share_mount
 from peers import RCLONE_OPTIONS, install_peers, offloadfs_debug_mount, rclone_mount, smbnetfs_mount
 
 KIND = "xfs"
-FULL = {"files": 2000, "dirs": 20, "rounds": 3}
+FULL = {"files": 2000, "dirs": 20, "rounds": 6}
 QUICK = {"files": 200, "dirs": 20, "rounds": 1}
 FILE_SIZE = 4096
 STEPS = ("create", "ls -lR", "find | wc", "du -s", "rm -rf")
