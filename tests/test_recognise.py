@@ -295,6 +295,29 @@ async def test_a_source_changed_since_served_gets_the_held_bytes_written():
     assert c["recognised_written"] == len(DATA) and c["recognised_committed"]["clone"] == 0
 
 
+@pytest.mark.parametrize("how", ["changed", "deleted"])
+async def test_bytes_of_a_source_found_changed_or_gone_are_held_no_more(how):
+    """Once a commit finds a source changed or deleted since it was read, what it served is no copy:
+    later writes of the same bytes go out at once instead of waiting to fail the same way."""
+    m = Mount(BIG)
+    await m.serve()
+    h = m.handle("dst")
+    await copy(m, h, BIG[:len(BIG) // 2], BLOCK)
+    if how == "changed":
+        m.src.node.changes += 1
+    else:
+        async def deleted(node, flags):
+            raise FileNotFoundError(2, "no such file")
+        m.server.open = deleted
+    await m.rec.commit(h.inode)
+    held = m.counters()["recognised_bytes"]
+    for pos in range(len(BIG) // 2, len(BIG), BLOCK):
+        await m.rec.write(h, pos, BIG[pos:pos + BLOCK])
+    assert m.counters()["recognised_bytes"] == held
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == BIG
+
+
 async def test_a_read_that_changes_the_version_still_gets_copied():
     """Linux nfsd on xfs bumps the change attribute with the access time of the first read after a
     change: the attributes known before the read (cached for all of a file's reads) are then older
@@ -372,6 +395,32 @@ async def test_a_failed_copy_gets_the_held_bytes_written():
     await copy(m, h, DATA, BLOCK)
     await m.rec.commit(h.inode)
     assert bytes(h.file) == DATA and m.counters()["recognised_written"] == len(DATA)
+
+
+async def test_held_bytes_written_after_all_go_as_large_writes():
+    """Bytes held a chunk (some 40 KiB) at a time are written back together: written a chunk at a
+    time, 256 MiB recognised from a file that another client deleted since took 6.5 times as long as
+    the same bytes written fresh (dd on the Samba lab's bare veth)."""
+    sizes = []
+    m = Mount(BIG)
+
+    async def send(h, offset, data):
+        sizes.append(len(data))
+        await m.send(h, offset, data)
+
+    m.rec.send = send
+    await m.serve()
+    h = m.handle("dst")
+    await copy(m, h, BIG, BLOCK)
+    del m.files[m.src.key]  # gone from reach
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == BIG and m.counters()["recognised_written"] == len(BIG)
+    assert len(sizes) <= len(BIG) // recognise.WRITE_PIECE + 1 and max(sizes) <= recognise.WRITE_PIECE
+    h = m.handle("part")  # what an offload cut short left, from the middle of a chunk
+    run = recognise.Run(100, m.src.key, 0, (), held=[memoryview(b"a" * 10), memoryview(b"b" * 10), b"c" * 10],
+                        length=30)
+    await m.rec._write_held(h, run, 15)
+    assert bytes(h.file) == bytes(115) + b"bbbbb" + b"c" * 10
 
 
 async def test_overwriting_held_data_commits_it_first():
