@@ -233,6 +233,19 @@ async def test_spans_count_up_to_the_first_that_failed():
         await copy_spans(lambda start, count: copy(start + 10, count), 40, 10, 4)
 
 
+async def test_one_span_is_copied_without_tasks():
+    """A 1 KiB cp copies one span: a nursery and a task for each span that may be in flight cost it
+    more than the span's own work in the daemon."""
+    tasks = set()
+
+    async def copy(start, count):
+        tasks.add(trio.lowlevel.current_task())
+        return count
+
+    assert await copy_spans(copy, 1024, 1 << 20, 4) == 1024
+    assert tasks == {trio.lowlevel.current_task()}  # the caller's own
+
+
 class Pulling(Mem):
     """A destination server that pulls from other servers, at most ``cap`` bytes a call."""
 

@@ -41,6 +41,8 @@ async def copy_spans(copy, length, step, in_flight):
     Spans start in order, and none once one failed or came back short; those in flight
     finish, and may land past the gap: the caller must not count them (the planner cuts
     them off, see Planner._trim)."""
+    if 0 < length <= step:
+        return await copy(0, length)  # one span: in this task (a 1 KiB cp)
     spans = iter(range(0, length, step))
     results = {}
     stop = False
@@ -59,7 +61,7 @@ async def copy_spans(copy, length, step, in_flight):
             stop = stop or n < count
 
     async with trio.open_nursery() as nursery:
-        for _ in range(in_flight):
+        for _ in range(min(in_flight, -(-length // step))):
             nursery.start_soon(worker)
     done = 0
     for start in range(0, length, step):
