@@ -470,7 +470,6 @@ class Session:
         await self.ops.release(ctx, nodeid, fh)
         return ()
 
-
     async def _flush(self, ctx, nodeid, body):
         fh, _, _, _ = abi.flush_in.unpack_from(body)
         await self.ops.flush(ctx, nodeid, fh)
