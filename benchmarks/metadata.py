@@ -6,11 +6,12 @@ Not a test: it prints tables and asserts nothing. Run as root:
 One lab smbd behind smbdemo's 1 Gbit link serves an xfs share; offloadfs, `rclone mount` (options in
 peers.RCLONE_OPTIONS) and smbnetfs each mount it. Every round each tool works on a fresh directory of its
 own, so none sees another's caches, and the tools take turns step by step, so a busy moment on the machine
-hits all alike, each going first in a round of its own. The steps: create (`cp -r` of a local tree of 4 KiB files into the mount), `ls -lR` after
-dropping the kernel's caches (echo 3 > /proc/sys/vm/drop_caches; each daemon keeps its own, and the
-server's are read back on its side: see warm_server), `find | wc -l`, `du -s`, `rm -rf`. Each step's
-result is checked against the tree on the server side. The programs a step runs are read into the page
-cache before its clock starts (see warm_programs).
+hits all alike, each going first in a round of its own. The steps: create (`cp -r` of a local tree of
+4 KiB files into the mount), `ls -lR` after dropping the kernel's caches (echo 3 >
+/proc/sys/vm/drop_caches; each daemon keeps its own, and the server's are read back on its side: see
+warm_server), `find | wc -l`, `du -s`, `rm -rf`. Each step's result is checked against the tree on the
+server side. The programs a step runs are read into the page cache before its clock starts (see
+warm_programs).
 
 The first table gives the median seconds over the rounds and offloadfs / the faster peer (goal: <= 1.0;
 rows that miss are marked); the next two the packets each step put on the client's link (both ways; a

@@ -205,9 +205,7 @@ class Session:
             try:
                 out = now(self, ctx, nodeid, body)
             except Exception as e:
-                if not isinstance(e, OSError):
-                    log.exception("request %d failed", unique)
-                self.reply_error(unique, getattr(e, "errno", None) or errno.EIO)
+                self._failed(unique, e)
                 return True
             if out is not None:
                 self.reply(unique, *out)
@@ -248,12 +246,8 @@ class Session:
                         await turn.wait()
                     self.ops.begin(ctx)
                     out = await handler(self, ctx, nodeid, body)
-                except OSError as e:
-                    self.reply_error(unique, e.errno or errno.EIO)
-                    return
-                except Exception:
-                    log.exception("request %d failed", unique)
-                    self.reply_error(unique, errno.EIO)
+                except Exception as e:
+                    self._failed(unique, e)
                     return
                 self.reply(unique, *out)
                 return
@@ -264,6 +258,13 @@ class Session:
                 self._write_done(nodeid, turn)
 
     # -- replies and notifications --------------------------------------
+
+    def _failed(self, unique, e):
+        """Answer a request whose handler raised ``e``: an OSError with its errno, anything else
+        (a bug) with EIO, logged."""
+        if not isinstance(e, OSError):
+            log.exception("request %d failed", unique, exc_info=e)
+        self.reply_error(unique, getattr(e, "errno", None) or errno.EIO)
 
     def _send(self, bufs):
         try:
