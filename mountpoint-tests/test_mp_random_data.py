@@ -297,7 +297,7 @@ def resize(buf, size):
 
 CONFIGS = [
     ("local-ext4", ()), ("local-ext4", ("passthrough",)), ("local-ext4", ("writeback_cache",)),
-    ("local-btrfs", ()), ("local-ext4", ("detect_copies=off",)),
+    ("local-btrfs", ()),
     ("smb-btrfs", ()), ("smb-btrfs", ("writeback_cache",)),
     ("nfs-ganesha", ()), ("nfs-ganesha", ("writeback_cache",)),
     ("nfsd", ()), ("nfsd", ("writeback_cache",)),

@@ -147,7 +147,7 @@ class Filesystem(Operations):
         self.behind = WriteBehind(self._sent_behind, self._cut_behind, self._where)
         self.recogniser = None
         # Sources whose reads are remembered, and those whose writes are compared with them: the
-        # pairs where the planner has an offload.
+        # pairs where the planner has an offload that spares moving the bytes.
         self.copies_from, self.copies_to = set(), set()
         if options.offload and options.detect_copies:
             self.recogniser = Recogniser(stats, self.planner, self._write_out, self.behind.settle, self.by_key.get,
@@ -174,7 +174,8 @@ class Filesystem(Operations):
             self.inodes[ROOT] = Inode(ROOT, None, None, ("root",), ROOT, stat.S_IFDIR, pinned=True)
         for a in self.sources if self.recogniser else ():  # connected now: they know their servers
             for b in self.sources:
-                if plan(Endpoint(a.backend, None, None, ""), Endpoint(b.backend, None, None, ""), True)[:-1]:
+                if b.backend.offloads_spare_bytes and plan(Endpoint(a.backend, None, None, ""),
+                                                           Endpoint(b.backend, None, None, ""), True)[:-1]:
                     self.copies_from.add(a.index)
                     self.copies_to.add(b.index)
 

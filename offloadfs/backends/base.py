@@ -130,6 +130,10 @@ class Backend:
 
     url: str
     OPTIONS: frozenset = frozenset()  # the mount options this backend takes
+    # Whether an offload to this backend spares this machine moving the bytes (a server copies
+    # them, a filesystem shares them): only then do copies recognised in plain writes
+    # (recognise.py) pay for hashing every byte read and written.
+    offloads_spare_bytes = True
 
     def shares_server_with(self, other: "Backend") -> bool:
         """True if a server-side copy can run from this backend's files to ``other``'s."""

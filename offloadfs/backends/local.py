@@ -21,6 +21,7 @@ import trio
 
 from .base import CALLER, NOW, Backend, DirItem, FsStat, NotSupported, Stat
 
+FICLONE = 0x40049409  # _IOW(0x94, 9, int)
 FICLONERANGE = 0x4020940D  # _IOW(0x94, 13, struct file_clone_range)
 AT_EMPTY_PATH = 0x1000
 AT_SYMLINK_NOFOLLOW = 0x100
@@ -98,6 +99,8 @@ class LocalBackend(Backend):
         self._root_fd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self._root_dev = os.fstat(self._root_fd).st_dev
         self.clone_align = os.fstatvfs(self._root_fd).f_bsize  # FICLONERANGE: the filesystem's block
+        # Without clones an offload is copy_file_range: the kernel copying the bytes, as writing them does.
+        self.offloads_spare_bytes = _clones(self._root_fd)
 
     def shares_server_with(self, other):
         # Every local file is on this host: the kernel decides per pair (EXDEV).
@@ -302,6 +305,23 @@ class LocalBackend(Backend):
             if e.errno in UNSUPPORTED:
                 raise NotSupported(e.strerror) from None
             raise
+
+
+def _clones(dir_fd):
+    """Whether the filesystem holding ``dir_fd`` clones: FICLONE between two empty unnamed files
+    made in it, which leave nothing behind.  A directory the daemon may not write to, or where
+    unnamed files cannot be made, counts as one that does not."""
+    fds = []
+    try:
+        for _ in range(2):
+            fds.append(os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=dir_fd))
+        fcntl.ioctl(fds[1], FICLONE, fds[0])
+        return True
+    except OSError:
+        return False
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _dtype(entry):
