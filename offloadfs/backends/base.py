@@ -8,6 +8,8 @@ next new file at once.
 
 Capabilities are separate protocols, as in rclone: the copy planner asks
 ``isinstance(backend, ServerCopy)`` instead of every backend carrying flags.
+A backend whose class has a capability its source lacks (a local filesystem
+that cannot clone) sets that method to None: isinstance then says no.
 A capability method raises ``NotSupported`` when it cannot serve *this*
 request (a range that is not aligned, two files on different filesystems),
 and the planner moves on to the next method.
