@@ -448,3 +448,30 @@ def test_streaming_that_turns_out_slow_gives_way_to_a_known_offload():
     out, c = run_mock(main)
     assert out == DATA and c["copy_bytes"]["server_copy"] == len(DATA)
     assert c["switched_to_offload"] == 1
+
+
+def test_copies_one_after_another_share_one_watcher():
+    """A watcher task for each copy cost a 1 KiB cp on ext4 0.1 ms (4 %): one watches every copy
+    while any runs."""
+    class Spawns(trio.abc.Instrument):
+        count = 0
+
+        def task_spawned(self, task):
+            self.count += "watch" in task.name
+
+    async def main():
+        b = Copying(cap=1 << 20)
+        planner = Planner(Stats("/mnt", {}))
+        for op in ("read", "write"):  # streaming is known here: every offload is watched against it
+            planner.carried(b, op, trio.current_time() - 0.01, 1 << 20)
+            planner.carried(b, op, trio.current_time() + 1, 1)
+        spawns = Spawns()
+        trio.lowlevel.add_instrument(spawns)
+        for _ in range(3):
+            src, dst, out = ends(b, b, DATA)
+            stats = await b.getattr(src.node), await b.getattr(dst.node)  # as the filesystem holds them
+            assert await planner.copy(src, 0, dst, 0, len(DATA), stats) == len(DATA) and out == DATA
+        trio.lowlevel.remove_instrument(spawns)
+        return spawns.count
+
+    assert run_mock(main) == 1
