@@ -1,5 +1,7 @@
 """What the cp benchmarks share: timing cp with offload (the planner choosing), with the offload forced
 (`offload=always`) and without it (`offload=off`) side by side, and printing rows."""
+import itertools
+import os
 import statistics
 import subprocess
 
@@ -31,8 +33,12 @@ def medians(mounts, store, sizes, src_dir="", dst_dir="", sources=None, fresh=Fa
     """{size: ({tag: median s}, [method letters of each run with offload=on])} of cp
     src_dir/src-SIZE dst_dir/... through each of ``mounts`` ({tag: mountpoint}, tags of MODES).
 
-    The mounts take turns, each run in another order (the copy just before one can still keep the
-    server busy), so that a busy moment on the machine hits all alike; every copy gets a new
+    The mounts take turns, each run in another of their orders, so that each follows each other
+    as often (the copy just before one can still keep the server busy: turned in one direction only,
+    offload on came after offload=off's 1 GiB stream twice as often as `always` did, and its clones
+    took 1.2x theirs), and a busy moment on the machine hits all alike; each begins with nothing
+    left dirty by the ones before it (sync: on ext4, writing back an earlier 1 GiB copy took a
+    server-side copy of 1 GiB from 0.3 to 4.7 s); every copy gets a new
     name and is removed through ``store`` (where the files are seen without the mounts' caches), the
     sources at the end through ``sources`` (default: ``store``).  ``fresh``: every run copies its own
     clone of the source (made by cp through ``sources``, where it clones), so that no run finds the
@@ -43,14 +49,15 @@ def medians(mounts, store, sizes, src_dir="", dst_dir="", sources=None, fresh=Fa
         src = f"src-{size}"
         times = {tag: [] for tag in mounts}
         runs = []
-        tags = list(mounts)
+        orders = list(itertools.permutations(mounts))
         for i in range(reps):
-            for tag in tags[i % len(tags):] + tags[:i % len(tags)]:
+            for tag in orders[i % len(orders)]:
                 mnt = mounts[tag]
                 dst, copied = f"{src}.{tag}{i}", src
                 if fresh:
                     copied = f"{dst}.src"
                     subprocess.run(["cp", (sources or store) / src, (sources or store) / copied], check=True)
+                os.sync()
                 before = read_status(mnt)["counters"]
                 times[tag].append(timed_cp(mnt / src_dir / copied, mnt / dst_dir / dst))
                 if fresh:

@@ -4,23 +4,29 @@ Not a test: it prints figures and asserts nothing. Run as root:
     .venv/bin/python benchmarks/local.py [--size-mib N]
 
 Throughput and stat() use a tmpfs backing directory so the figures show what
-offloadfs itself costs, not the disk; the cp comparison uses a btrfs loop
-filesystem, where an offloaded copy becomes a clone.
+offloadfs itself costs, not the disk.  The cp table times cp on a btrfs loop
+filesystem (an offloaded copy is a clone) and an ext4 one (copy_file_range, the
+kernel copying the bytes) through a mount where the planner chooses, one with
+-o offload=always and one with -o offload=off, taking turns (cpbench.py): the
+planner must never lose (on/best <= 1.05).
 """
 
 import argparse
+import contextlib
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from cpbench import MODES, GiB, KiB, MiB, header, medians, row
+from offloadfs.lab.demo import write_file
 from offloadfs.lab.loopfs import loop_filesystem
 from offloadfs.lab.mount import offloadfs_mount
 
-MiB = 1 << 20
 STAT_FILES = 1000
+CP_KINDS = ("btrfs", "ext4")
+CP_SIZES = {KiB: 12, MiB: 12, 16 * MiB: 6, 128 * MiB: 6, GiB: 6}  # size -> runs of each mode: each order as often
 
 
 def drop_caches(level=3):
@@ -96,21 +102,17 @@ def stat_latency(backing):
     return results
 
 
-def timed_cp(src, dst):
-    start = time.monotonic()
-    subprocess.run(["cp", str(src), str(dst)], check=True)
-    return time.monotonic() - start
+def cp_table(kind, sizes):
+    """{size: ({mode: median s}, [methods chosen])} of cp on a fresh ``kind`` loop filesystem.
 
-
-def cp_times(size):
-    """Seconds for cp of `size` bytes with offload and with offload=off."""
-    with loop_filesystem("btrfs", size=4 * size + (1 << 30)) as root:
-        with offloadfs_mount(root) as mnt:
-            write_mibs(mnt / "big", size)
-            offload = timed_cp(mnt / "big", mnt / "copy1")
-        with offloadfs_mount(root, options=["offload=off"]) as mnt:
-            streamed = timed_cp(mnt / "big", mnt / "copy2")
-    return offload, streamed
+    Room for every copy at once: each is removed on the filesystem itself, but the mount that made
+    it holds it (an O_PATH descriptor) until the kernel forgets the name."""
+    room = sum(3 * runs * size for size, runs in sizes.items()) + 2 * sum(sizes) + GiB
+    with loop_filesystem(kind, size=room) as root, contextlib.ExitStack() as stack:
+        for size in sizes:
+            write_file(root / f"src-{size}", size)
+        mounts = {tag: stack.enter_context(offloadfs_mount(root, options=opts)) for tag, opts in MODES.items()}
+        return medians(mounts, root, sizes)
 
 
 def main():
@@ -120,7 +122,7 @@ def main():
     with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
         tp = throughput(Path(tmp), size)
         st = stat_latency(Path(tmp))
-    offload, streamed = cp_times(size)
+    cp = {kind: cp_table(kind, CP_SIZES) for kind in CP_KINDS}
 
     base_w, base_r = tp["backing"]
     print(f"sequential 1 MiB I/O, {size // MiB} MiB, tmpfs backing")
@@ -132,9 +134,11 @@ def main():
     base_cold, base_cached = st["backing"]
     for label, (cold, cached) in st.items():
         print(f"  {label:24} {cold:8.1f} {cached:8.1f} {cold / base_cold:11.1f} {cached / base_cached:13.1f}")
-    print(f"cp {size // MiB} MiB on btrfs")
-    print(f"  offload on          {offload:8.3f} s")
-    print(f"  offload=off         {streamed:8.3f} s  ({streamed / max(offload, 1e-6):.0f}x)")
+    print("cp on local loop filesystems; median seconds")
+    print(header("fs"))
+    for kind, rows in cp.items():
+        for n, result in rows.items():
+            print(row(kind, n, CP_SIZES[n], result))
 
 
 if __name__ == "__main__":
