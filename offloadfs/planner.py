@@ -239,8 +239,13 @@ class Planner:
                     if w.record.bytes_done > w.seen:  # progress comes in steps: a rate from the last one
                         w.seen, w.last = w.record.bytes_done, now
                     w.due = now + WATCH
-                    w.switch = self._rival(w.route, w.rivals, w.rest, w.seen - w.done, w.last - w.started,
-                                           now - w.last)
+                    try:
+                        w.switch = self._rival(w.route, w.rivals, w.rest, w.seen - w.done, w.last - w.started,
+                                               now - w.last)
+                    except Exception:  # a fault here would take the whole daemon down (a system task)
+                        log.exception("copy to %s: watching it failed; it runs on unwatched", w.record.destination)
+                        self._watched.discard(w)
+                        continue
                     if w.switch is not None:
                         self._watched.discard(w)
                         w.run.cancel()

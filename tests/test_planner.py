@@ -450,6 +450,16 @@ def test_streaming_that_turns_out_slow_gives_way_to_a_known_offload():
     assert c["switched_to_offload"] == 1
 
 
+def streaming_known(b):
+    """A planner that knows what streaming costs on ``b`` from reads and writes it carried, so
+    that every offload there is watched against it."""
+    planner = Planner(Stats("/mnt", {}))
+    for op in ("read", "write"):
+        planner.carried(b, op, trio.current_time() - 0.01, 1 << 20)
+        planner.carried(b, op, trio.current_time() + 1, 1)
+    return planner
+
+
 def test_copies_one_after_another_share_one_watcher():
     """A watcher task for each copy cost a 1 KiB cp on ext4 0.1 ms (4 %): one watches every copy
     while any runs."""
@@ -461,10 +471,7 @@ def test_copies_one_after_another_share_one_watcher():
 
     async def main():
         b = Copying(cap=1 << 20)
-        planner = Planner(Stats("/mnt", {}))
-        for op in ("read", "write"):  # streaming is known here: every offload is watched against it
-            planner.carried(b, op, trio.current_time() - 0.01, 1 << 20)
-            planner.carried(b, op, trio.current_time() + 1, 1)
+        planner = streaming_known(b)
         spawns = Spawns()
         trio.lowlevel.add_instrument(spawns)
         for _ in range(3):
@@ -475,3 +482,26 @@ def test_copies_one_after_another_share_one_watcher():
         return spawns.count
 
     assert run_mock(main) == 1
+
+
+def test_a_fault_in_watching_a_copy_leaves_it_running_unwatched(caplog):
+    """The watcher is a system task: what it raised would end the daemon."""
+    class Slow(Copying):
+        async def server_copy(self, src, src_off, dst, dst_off, length):
+            await trio.sleep(1)
+            return await super().server_copy(src, src_off, dst, dst_off, length)
+
+    async def main():
+        b = Slow(cap=1 << 20)
+        planner = streaming_known(b)
+
+        def fault(*args):
+            raise ZeroDivisionError
+
+        planner._rival = fault
+        src, dst, out = ends(b, b, DATA)
+        assert await planner.copy(src, 0, dst, 0, len(DATA)) == len(DATA)
+        return out
+
+    assert run_mock(main) == DATA
+    assert "watching it failed" in caplog.text
