@@ -38,8 +38,8 @@ def medians(mounts, store, sizes, src_dir="", dst_dir="", sources=None, fresh=Fa
     as often (the copy just before one can still keep the server busy: turned in one direction only,
     offload on came after offload=off's 1 GiB stream twice as often as `always` did, and its clones
     took 1.2x theirs), and a busy moment on the machine hits all alike; each begins with nothing
-    left dirty by the ones before it (sync: on ext4, writing back an earlier 1 GiB copy took a
-    server-side copy of 1 GiB from 0.3 to 4.7 s); every copy gets a new
+    left dirty by the ones before it (sync; with both, the medians of a server-side copy of 1 GiB
+    on an ext4 share came out 0.30-0.31 s, where single copies had taken 0.3-4.7 s); every copy gets a new
     name and is removed through ``store`` (where the files are seen without the mounts' caches), the
     sources at the end through ``sources`` (default: ``store``).  ``fresh``: every run copies its own
     clone of the source (made by cp through ``sources``, where it clones), so that no run finds the

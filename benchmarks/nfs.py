@@ -29,10 +29,10 @@ from offloadfs.lab.demo import write_file
 from offloadfs.lab.mount import offloadfs_mount
 from offloadfs.lab.nfsd import nfsd_lab
 
-# size -> repetitions: enough for a median where a run is cheap.
-SIZES = {KiB: 7, MiB: 7, 16 * MiB: 5, 64 * MiB: 3, 256 * MiB: 2}
+# size -> repetitions: each order of the three mounts as often (cpbench.medians).
+SIZES = {KiB: 12, MiB: 12, 16 * MiB: 6, 64 * MiB: 6, 256 * MiB: 6}
 QUICK = {KiB: 3, MiB: 3, 16 * MiB: 1}
-BETWEEN = {KiB: 9, MiB: 9, 16 * MiB: 5, 64 * MiB: 3, 128 * MiB: 3}  # the sizes
+BETWEEN = {KiB: 12, MiB: 12, 16 * MiB: 6, 64 * MiB: 6, 128 * MiB: 6}  # the sizes
 MIN_SPEEDUP_64M = 20
 NO_CACHE = ["attr_timeout=0", "entry_timeout=0"]
 
