@@ -103,11 +103,12 @@ class LocalBackend(Backend):
         self._root_dev = os.fstat(self._root_fd).st_dev
         self.clone_align = os.fstatvfs(self._root_fd).f_bsize  # FICLONERANGE: the filesystem's block
         if not _clones(self._root_fd):
-            # The planner does not try clones here (a capability method of None is one this
-            # backend lacks), and an offload is copy_file_range: the kernel copying the bytes, as
-            # writing them does.
-            self.clone_range = None
-            self.offloads_spare_bytes = False
+            self.clone_range = None  # the planner plans no clones here (a capability this backend lacks)
+
+    @property
+    def offloads_spare_bytes(self):
+        # Without clones an offload is copy_file_range: the kernel copying the bytes, as writing them does.
+        return self.clone_range is not None
 
     def shares_server_with(self, other):
         # Every local file is on this host: the kernel decides per pair (EXDEV).
