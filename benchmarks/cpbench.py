@@ -78,7 +78,7 @@ def medians(mounts, store, sizes, src_dir="", dst_dir="", sources=None, fresh=Fa
 def warm(mnt, store, src, src_dir, dst_dir):
     """Read WARM bytes of ``src`` and write as many new ones through ``mnt`` (removed through
     ``store``).  A mount's first reads and writes leave it slower for a while after, by some 0.4 ms
-    a copy of 128 MiB on an xfs share (worker threads, the server's own): offload on, which alone
+    a copy of 128 MiB on an xfs share (why, not found): offload on, which alone
     had streamed (to learn what streaming costs), came out 1.06-1.10x `always` with the same copies,
     0.98x once both had.  A mount in use has carried reads and writes, from which the planner
     learns what streaming costs."""
