@@ -332,6 +332,10 @@ class Planner:
                                 self.stats.moved(record, "stream", written, done == 0)
                                 done += written
                         await trio.lowlevel.checkpoint()  # an interrupt can land between chunks
+        # Written is not yet kept: an offload's copy is on disk when it answers (NFS commits
+        # each COPY), a stream's unstable writes are committed at close.  Paid here, it is timed
+        # as part of streaming; the close finds nothing left to do.
+        await dst.backend.flush(dst.file)
         return done
 
 
