@@ -77,11 +77,18 @@ class CostModel:
     def predict(self, route, method, nbytes):
         """Seconds for ``nbytes`` by ``method`` on ``route``, or None while too little is known.
         Streaming on a route never streamed is a read from its source and a write to its
-        destination, as the traffic the daemon carried has cost."""
+        destination, as the traffic the daemon carried has cost (below RATE_MIN, only where
+        small requests were among it)."""
         line = self._line((route, method), nbytes)
         if line is None and method == "stream":
             src, dst = route
-            read, write = self._line((src, "read"), None), self._line((dst, "write"), None)
+            sides = (src, "read"), (dst, "write")
+            if nbytes < RATE_MIN and not all(self._samples.get((*key, False)) for key in sides):
+                # Large requests tell a rate, not what a stream costs before its first byte: from
+                # them alone, a 1 KiB stream looked free, and on nfsd cp of 1 KiB tried an untried
+                # COPY twice before it streamed once and went back to cloning.
+                return None
+            read, write = self._line(sides[0], None), self._line(sides[1], None)
             if read is not None and write is not None:
                 # Reader and writer run side by side: the slower sets the pace.
                 line = (read[0] + write[0], max(read[1], write[1]))

@@ -328,6 +328,31 @@ def test_streaming_is_learned_from_the_reads_and_writes_carried():
     assert costs.predict(("c", "d"), "stream", 8 << 20) == pytest.approx(0.08, rel=0.05)
 
 
+async def test_a_small_copy_is_not_judged_by_a_rate_from_large_requests():
+    """A mount that carried only large reads and writes knows streaming's rate, not what a stream
+    costs before its first byte: at 1 KiB, that rate alone made streaming look free, every known
+    offload slower, and an untried one first (on nfsd, cp of 1 KiB ran COPY twice, then
+    streamed, then cloned).  Streaming is learned by one stream instead."""
+    clock = Clock()
+    planner = Planner(Stats("/mnt", {}))
+    planner.costs = CostModel(clock)
+    route = ("a", "b")
+    for backend, op in (("a", "read"), ("b", "write")):
+        for n in (8 << 20, 16 << 20):
+            start = clock.now
+            clock.now += n / 1e9
+            planner.costs.carried(backend, op, start, n)
+            clock.now += 1
+    for t in (0.0059, 0.0017):
+        planner.costs.record(route, "clone", 1024, t)
+    assert planner.costs.predict(route, "stream", 64 << 20) == pytest.approx(0.064 * 1.048576, rel=0.01)
+    assert planner.costs.predict(route, "stream", 1024) is None
+    methods = ["clone", "server_copy", "stream"]
+    assert planner.choose(route, methods, 1024) == ["stream", "clone", "server_copy"]
+    planner.costs.record(route, "stream", 1024, 0.0055)  # the stream's time, with its COMMIT
+    assert planner.choose(route, methods, 1024) == methods
+
+
 async def test_offload_always_skips_the_cost_model():
     planner = Planner(Stats("/mnt", {}), always=True)
     route, methods = ("a", "b"), ["inter_server_copy", "stream"]
