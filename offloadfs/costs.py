@@ -15,6 +15,7 @@ counts as unmeasured again, so it is tried afresh.
 """
 import time
 from collections import defaultdict, deque
+from typing import NamedTuple
 
 SAMPLES = 32  # the newest samples per route, method and size class
 HALF_LIFE = 30.0  # seconds after which a sample weighs half as much as a new one
@@ -38,18 +39,18 @@ class CostModel:
         # model puts behind streaming is not run again, so a setup counted in its mean would keep
         # it there: on nfsd, a first CLONE of 5.9 ms and one of 1.7 kept cp of 1 KiB streaming.
         self._setup = {}
+        self._summaries = {}  # key -> Summary of its samples, dropped when they change
 
     def record(self, route, method, nbytes, seconds):
-        key = (route, method)
-        first = not self.known(route, method)
-        sample = self._add(key, nbytes, seconds, self.clock())
-        if first:
+        key, sample = (route, method), (nbytes, seconds, self.clock())
+        if not self.known(route, method):
             self._setup[key] = sample
+        self._add(key, sample)
 
-    def _add(self, key, nbytes, seconds, when):
-        sample = (nbytes, seconds, when)
-        self._samples[(*key, nbytes >= RATE_MIN)].append(sample)
-        return sample
+    def _add(self, key, sample):
+        """``sample``: (bytes, seconds, when)."""
+        self._samples[(*key, sample[0] >= RATE_MIN)].append(sample)
+        self._summaries.pop(key, None)
 
     def carried(self, backend, op, start, nbytes):
         """A read or write (``op``) of ``nbytes`` from/to ``backend`` that began at ``start``.
@@ -58,12 +59,13 @@ class CostModel:
         the time: overlapping ones are merged into one sample, or each would look slower
         than the link is."""
         end = self.clock()
+        self._summaries.pop((backend, op), None)
         burst = self._bursts.get((backend, op))
         if burst is not None and start <= burst[1] and burst[2] < BURST_MAX:
             burst[0], burst[1], burst[2] = min(burst[0], start), max(burst[1], end), burst[2] + nbytes
             return
         if burst is not None:
-            self._add((backend, op), burst[2], burst[1] - burst[0], burst[1])
+            self._add((backend, op), (burst[2], burst[1] - burst[0], burst[1]))
         self._bursts[backend, op] = [start, end, nbytes]
 
     def known(self, route, method):
@@ -94,8 +96,14 @@ class CostModel:
                 line = (read[0] + write[0], max(read[1], write[1]))
         return None if line is None else line[0] + line[1] * nbytes
 
-    def _weighted(self, key):
-        now = self.clock()
+    def _summary(self, key):
+        summary = self._summaries.get(key)
+        if summary is None:
+            summary = self._summaries[key] = _summarise(self._current(key))
+        return summary
+
+    def _current(self, key):
+        """The samples under ``key`` that count: (bytes, seconds, when)."""
         samples = [s for large in (False, True) for s in self._samples.get((*key, large), ())]
         setup = self._setup.get(key)
         if setup and any(s is not setup and s[2] >= setup[2] and setup[0] / 2 <= s[0] <= setup[0] * 2
@@ -104,26 +112,48 @@ class CostModel:
         burst = self._bursts.get(key)  # a backend's requests still merging: as they stand now
         if burst is not None:
             samples.append((burst[2], burst[1] - burst[0], burst[1]))
-        return [(n, t, 0.5 ** ((now - when) / HALF_LIFE)) for n, t, when in samples]
+        return samples
 
     def _weight(self, key):
-        return sum(w for _, _, w in self._weighted(key))
+        summary = self._summary(key)
+        return summary.total * 0.5 ** ((self.clock() - summary.newest) / HALF_LIFE)
 
     def _line(self, key, nbytes):
         """(fixed, per_byte) from the samples under ``key``; with one size seen only, the mean
         for ``nbytes`` near it, or a rate from a large one (its fixed cost counted as rate)."""
-        samples = self._weighted(key)
-        total = sum(w for _, _, w in samples)
-        if total < FORGOTTEN:
+        if self._weight(key) < FORGOTTEN:
             return None
-        sizes = {n for n, _, _ in samples}
-        if len(sizes) == 1:
-            (size,) = sizes
-            mean_t = sum(t * w for _, t, w in samples) / total
-            if nbytes is not None and size / 2 <= nbytes <= size * 2:
-                return mean_t, 0.0
-            return (0.0, mean_t / size) if size >= RATE_MIN else None
-        return _fit(samples, total)
+        summary = self._summary(key)
+        if summary.size is None:
+            return summary.fit
+        if nbytes is not None and summary.size / 2 <= nbytes <= summary.size * 2:
+            return summary.mean_t, 0.0
+        return (0.0, summary.mean_t / summary.size) if summary.size >= RATE_MIN else None
+
+
+class Summary(NamedTuple):
+    """What a key's samples say, weighed as of the newest.  All samples fade alike, so their
+    weights relative to each other, and the line they give, stay as they are until a sample comes
+    or goes; only their total weight falls.  Worked out again for each copy, choosing took 0.1 ms
+    a copy (4 % of a clone of 1 MiB on a local btrfs)."""
+    newest: float  # when the newest sample was taken
+    total: float  # their weight together then
+    size: int | None  # the one size among them, or None for several
+    mean_t: float  # their weighted mean time
+    fit: tuple | None  # (fixed, per_byte) where there are several sizes
+
+
+def _summarise(samples):
+    if not samples:
+        return Summary(0.0, 0.0, None, 0.0, None)
+    newest = max(when for _, _, when in samples)
+    weighted = [(n, t, 0.5 ** ((newest - when) / HALF_LIFE)) for n, t, when in samples]
+    total = sum(w for _, _, w in weighted)
+    mean_t = sum(t * w for _, t, w in weighted) / total
+    sizes = {n for n, _, _ in weighted}
+    if len(sizes) == 1:
+        return Summary(newest, total, sizes.pop(), mean_t, None)
+    return Summary(newest, total, None, mean_t, _fit(weighted, total))
 
 
 def _fit(samples, total):

@@ -306,6 +306,29 @@ def test_old_samples_fade_and_a_route_that_changed_is_learned_again():
     assert costs.predict(r, "server_copy", 64 << 20) is None and not costs.known(r, "server_copy")
 
 
+def test_predictions_follow_each_sample_each_merged_request_and_the_clock():
+    """What the samples say is kept between copies (worked out afresh for each, choosing took
+    0.1 ms a copy): a new sample, a request merged into a burst, and time passing show at once."""
+    clock = Clock()
+    costs, r = CostModel(clock), ("a", "b")
+    for t in (0.5, 0.002):
+        costs.record(r, "clone", 1000, t)
+    assert costs.predict(r, "clone", 1000) == pytest.approx(0.002)
+    clock.now += 30
+    costs.record(r, "clone", 1000, 0.005)  # the older one weighs half as much now
+    assert costs.predict(r, "clone", 1000) == pytest.approx(0.004)
+    start = clock.now
+    clock.now += 0.01
+    for backend, op in (("a", "read"), ("b", "write")):
+        costs.carried(backend, op, start, 1 << 20)
+    assert costs.predict(r, "stream", 2 << 20) == pytest.approx(0.02)
+    clock.now += 0.02
+    costs.carried("a", "read", start, 1 << 20)  # in flight beside the first: 2 MiB in 0.03 s
+    assert costs.predict(r, "stream", 2 << 20) == pytest.approx(0.03)
+    clock.now += 600
+    assert costs.predict(r, "clone", 1000) is None and costs.predict(r, "stream", 2 << 20) is None
+
+
 def test_streaming_is_learned_from_the_reads_and_writes_carried():
     clock = Clock()
     costs = CostModel(clock)
