@@ -118,7 +118,7 @@ def sending(conn, signing=True):
 
 @pytest.mark.parametrize("signing", [True, False])
 def test_requests_go_out_as_smbprotocol_sends_them(signing):
-    from smbprotocol.open import SMB2CloseRequest, SMB2QueryInfoRequest, SMB2ReadRequest
+    from smbprotocol.open import SMB2CloseRequest, SMB2QueryInfoRequest, SMB2ReadRequest, SMB2WriteRequest
     ours = [m.create("d\\f", m.READ), m.query_info(18, m.RELATED, 65536), m.close()]
     reference = [test_smb_messages.reference_create("d\\f", m.READ, m.OPEN, 0, m.NO_OPLOCK, ()),
                  test_smb_messages.structure(SMB2QueryInfoRequest, info_type=1, file_info_class=18,
@@ -126,7 +126,11 @@ def test_requests_go_out_as_smbprotocol_sends_them(signing):
                  test_smb_messages.structure(SMB2CloseRequest, file_id=m.RELATED)]
     big = ([m.read(FID, 0, 1 << 20)], [test_smb_messages.structure(SMB2ReadRequest, length=1 << 20, file_id=FID,
                                                                    padding=0x50)])
-    for compound, expected in ((ours, reference), big):
+    data = os.urandom(60_001)  # a WRITE's data framed from a view of a larger buffer, padded before the next
+    written = ([m.write(FID, 5, memoryview(b"x" + data + b"y")[1:-1]), m.close()],
+               [test_smb_messages.structure(SMB2WriteRequest, offset=5, file_id=FID, buffer=data),
+                test_smb_messages.structure(SMB2CloseRequest, file_id=m.RELATED)])
+    for compound, expected in ((ours, reference), big, written):
         conn = smbconn.GuardedConnection(uuid.uuid4(), "127.0.0.1", 445)
         conn.dialect = Dialects.SMB_3_0_0
         wire = sending(conn, signing)

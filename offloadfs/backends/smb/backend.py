@@ -651,8 +651,7 @@ class SMBBackend(Capabilities, Backend):
 
         async def piece(start, end):
             while start < end:
-                whole = isinstance(data, bytes) and (start, end) == (0, len(view))
-                chunk = data if whole else bytes(view[start:end])  # smbprotocol takes bytes only
+                chunk = view[start:end]  # what callers write is not changed after (bytes, fresh buffers)
                 body = await self._file_call(file, lambda fid: m.write(fid, offset + start, chunk))
                 n = wire.WriteResponse.count(body)
                 if not 0 < n <= end - start:

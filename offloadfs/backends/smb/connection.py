@@ -196,9 +196,9 @@ class GuardedConnection(Connection):
             (DFS if tree.is_dfs_share else 0)
         frames, requests = [], []
         for i, message in enumerate(msgs):
-            body = message.body
+            size = len(message)
             last = i == len(msgs) - 1
-            padding = b"" if last else bytes(-(HEADER_SIZE + len(body)) % 8)  # each starts on 8 bytes
+            padding = b"" if last else bytes(-(HEADER_SIZE + size) % 8)  # each starts on 8 bytes
             charge = self._calculate_credit_charge(message)
             with self.sequence_lock:
                 window = self.sequence_window
@@ -209,9 +209,9 @@ class GuardedConnection(Connection):
                 window["low"] += max(charge, 1)
             header = REQUEST.pack(PROTOCOL, HEADER_SIZE, charge, 0, 0, message.COMMAND, credit_request or charge,
                                   flags | (RELATED if i and related else 0),
-                                  0 if last else HEADER_SIZE + len(body) + len(padding), mid, 0, tree_id, session_id,
+                                  0 if last else HEADER_SIZE + size + len(padding), mid, 0, tree_id, session_id,
                                   NO_SIGNATURE)
-            frame = bytearray().join((header, body, padding))
+            frame = bytearray().join((header, message.body, message.data, padding))
             if flags & SIGNED:
                 frame[48:64] = self.signature(frame, session.signing_key, mid, False, message.COMMAND)
             frames.append(frame)
