@@ -180,6 +180,26 @@ def test_python_shutil_copyfile(mnt):
     assert sha256(mnt.backing / "b") == digest
 
 
+def test_sync_of_one_file(mnt):
+    """coreutils `sync FILE` opens the file read-only and fsyncs that. Linux's NFS and CIFS clients
+    make the file's data durable whatever the handle's access (CIFS through a handle of the file
+    open for writing, where there is one) and never refuse it for the access (offloadfs on SMB
+    did: the server answers a FLUSH on a read-only handle with ACCESS_DENIED)."""
+    data = os.urandom(256 * 1024)
+    fd = os.open(mnt.path / "f", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        before = mnt.counters().get("smb_requests", {})
+        sh("sync", mnt.path / "f")
+        after = mnt.counters().get("smb_requests", {})
+    finally:
+        os.close(fd)
+    if after:
+        assert after.get("FLUSH", 0) > before.get("FLUSH", 0)  # through the handle open for writing
+    sh("sync", mnt.path / "f")  # no handle open for writing: SMB leaves the FLUSH out, as CIFS does
+    assert (mnt.backing / "f").read_bytes() == data
+
+
 def test_dd_with_seek_and_notrunc(mnt, tmp_path):
     data = bytearray(os.urandom(2 * MiB))
     patch = os.urandom(64 * 1024)

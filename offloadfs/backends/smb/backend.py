@@ -663,6 +663,14 @@ class SMBBackend(Capabilities, Backend):
         return len(view)
 
     async def fsync(self, file, datasync):
+        """A FLUSH needs a handle open for writing (else ACCESS_DENIED), and `sync FILE` fsyncs a
+        read-only one: as the Linux cifs client does, flush through a handle of the file open for
+        writing, and where none is open, leave the FLUSH out (the data written through handles
+        since closed was in the server's hands at their close)."""
+        if not file.access & m.WRITE_DATA:
+            file = next((f for f in file.node.files if f.access & m.WRITE_DATA and f.lost is None), None)
+            if file is None:
+                return
         await self._file_call(file, m.flush)
 
     async def release(self, file):
