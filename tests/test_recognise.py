@@ -202,6 +202,65 @@ async def test_fresh_data_is_not_hashed_while_nothing_served_looks_like_it(monke
     assert bytes(h.file) == bytes(len(DATA)) and hashed == []
 
 
+def count_cuts(monkeypatch):
+    """The bytes each cut of written (or served) data looks at, from now on."""
+    looked, real = [], recognise.cuts
+    monkeypatch.setattr(recognise, "cuts", lambda data, final: looked.append(len(data)) or real(data, final))
+    return looked
+
+
+async def test_past_a_long_run_of_fresh_data_a_file_is_written_uncut_but_for_probes(monkeypatch):
+    """Every byte written once anything was served was cut (some 0.2 ms a MiB): a bare-veth dd of
+    fresh data went at 493 MiB/s against 713 with detect_copies=off.  Past FRESH_RUN of a file's
+    data found nowhere among what was served, its writes go out uncut, but for PROBE bytes every
+    PROBE_EVERY, which find a copy that begins further on."""
+    monkeypatch.setattr(recognise, "FRESH_RUN", 1 << 20)
+    monkeypatch.setattr(recognise, "PROBE_EVERY", 2 << 20)
+    monkeypatch.setattr(recognise, "PROBE", 1 << 20)
+    m = Mount(DATA)
+    await m.serve()
+    looked = count_cuts(monkeypatch)
+    h = m.handle("dst")
+    fresh = os.urandom(13 << 20)
+    await copy(m, h, fresh, BLOCK)
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == fresh and m.counters()["recognised_bytes"] == 0
+    # 1 MiB to find the run, then a probe of 1 MiB after each 2 MiB sent: 5 MiB of 13, each cut at
+    # most twice (where a write ends before the chunk does, that chunk is cut again with the next).
+    assert sum(looked) <= 2 * (5 << 20) + 4 * CUT_AT
+
+
+async def test_a_copy_that_begins_past_a_long_run_of_fresh_data_is_found_by_a_probe(monkeypatch):
+    monkeypatch.setattr(recognise, "FRESH_RUN", 1 << 20)
+    monkeypatch.setattr(recognise, "PROBE_EVERY", 2 << 20)
+    monkeypatch.setattr(recognise, "PROBE", 1 << 20)
+    copied = os.urandom(8 << 20)
+    m = Mount(copied)
+    await m.serve()
+    h = m.handle("dst")
+    data = os.urandom(3 << 20) + copied
+    await copy(m, h, data, BLOCK)
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == data
+    assert m.counters()["recognised_bytes"] >= len(copied) - (3 << 20)  # found within the first probe
+
+
+async def test_a_file_opened_again_is_cut_again_from_its_first_write(monkeypatch):
+    """The run of fresh data is the opener's: a tool that opens the file next may copy into it."""
+    monkeypatch.setattr(recognise, "FRESH_RUN", 1 << 20)
+    monkeypatch.setattr(recognise, "PROBE_EVERY", 64 << 20)
+    copied = os.urandom(2 << 20)
+    m = Mount(copied)
+    await m.serve()
+    h = m.handle("dst")
+    await copy(m, h, os.urandom(3 << 20), BLOCK)
+    again = SimpleNamespace(inode=h.inode, file=h.file)
+    for pos in range(0, len(copied), BLOCK):
+        await m.rec.write(again, (3 << 20) + pos, copied[pos:pos + BLOCK])
+    await m.rec.commit(h.inode)
+    assert m.counters()["recognised_bytes"] == len(copied)
+
+
 async def test_one_changed_byte_sends_the_chunks_around_it_only():
     m = Mount(BIG)
     await m.serve()
