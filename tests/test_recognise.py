@@ -209,14 +209,19 @@ def count_cuts(monkeypatch):
     return looked
 
 
+def small_probes(monkeypatch, every):
+    """A run of fresh data is long past 1 MiB, and a probe of 1 MiB comes every ``every``."""
+    monkeypatch.setattr(recognise, "FRESH_RUN", 1 << 20)
+    monkeypatch.setattr(recognise, "PROBE_EVERY", every)
+    monkeypatch.setattr(recognise, "PROBE", 1 << 20)
+
+
 async def test_past_a_long_run_of_fresh_data_a_file_is_written_uncut_but_for_probes(monkeypatch):
     """Every byte written once anything was served was cut (some 0.2 ms a MiB): a bare-veth dd of
     fresh data went at 493 MiB/s against 713 with detect_copies=off.  Past FRESH_RUN of a file's
     data found nowhere among what was served, its writes go out uncut, but for PROBE bytes every
     PROBE_EVERY, which find a copy that begins further on."""
-    monkeypatch.setattr(recognise, "FRESH_RUN", 1 << 20)
-    monkeypatch.setattr(recognise, "PROBE_EVERY", 2 << 20)
-    monkeypatch.setattr(recognise, "PROBE", 1 << 20)
+    small_probes(monkeypatch, 2 << 20)
     m = Mount(DATA)
     await m.serve()
     looked = count_cuts(monkeypatch)
@@ -231,9 +236,7 @@ async def test_past_a_long_run_of_fresh_data_a_file_is_written_uncut_but_for_pro
 
 
 async def test_a_copy_that_begins_past_a_long_run_of_fresh_data_is_found_by_a_probe(monkeypatch):
-    monkeypatch.setattr(recognise, "FRESH_RUN", 1 << 20)
-    monkeypatch.setattr(recognise, "PROBE_EVERY", 2 << 20)
-    monkeypatch.setattr(recognise, "PROBE", 1 << 20)
+    small_probes(monkeypatch, 2 << 20)
     copied = os.urandom(8 << 20)
     m = Mount(copied)
     await m.serve()
@@ -247,8 +250,7 @@ async def test_a_copy_that_begins_past_a_long_run_of_fresh_data_is_found_by_a_pr
 
 async def test_a_file_opened_again_is_cut_again_from_its_first_write(monkeypatch):
     """The run of fresh data is the opener's: a tool that opens the file next may copy into it."""
-    monkeypatch.setattr(recognise, "FRESH_RUN", 1 << 20)
-    monkeypatch.setattr(recognise, "PROBE_EVERY", 64 << 20)
+    small_probes(monkeypatch, 64 << 20)
     copied = os.urandom(2 << 20)
     m = Mount(copied)
     await m.serve()
