@@ -1,18 +1,27 @@
-"""Benchmark sequential write and read through offloadfs against smbclient put/get on the Samba lab.
+"""Benchmark sequential write and read through offloadfs against smbclient put/get, rclone mount and
+smbnetfs on the Samba lab.
 
 Not a test: it prints a table and asserts nothing. Run as root:
     .venv/bin/python benchmarks/throughput.py [--quick]
 
 One lab smbd serves an xfs share, once behind smbdemo's 1 Gbit link and once on the bare veth (standing in
-for a faster network). Each round writes a file of random bytes from the local disk's page cache (`dd
-bs=1M` into the mount; `smbclient -c put`) and reads it back (`dd bs=1M` to /dev/null after dropping the
-kernel's caches; `smbclient -c get` to /dev/null), the two tools taking turns, and the one that goes
-first changing each round. smbclient's times include its connect and logon, measured alone (`-c exit`)
-and taken off. Neither write asks the server to make the data durable: dd's time ends when its close()
-returns, once the server has acknowledged every byte, as `put`'s does. (Until 2026-12-06 dd ran with
-`conv=fsync`, whose FLUSH made smbd write the file to disk within the time: 0.4-1.6 s of 4.5 s for 512
-MiB at 1 Gbit.) Every file written is checked on the server; each round writes bytes of its own. Goal
-(issue #8): offloadfs >= 98 % of smbclient on the 1 Gbit link, >= 90 % on the bare one.
+for a faster network). Each round each tool, in turns (the first changing each round), writes a file of
+random bytes from the local disk's page cache (`dd bs=1M` into a mount; `smbclient -c put`) and reads two
+files it wrote and never read before (`dd bs=1M` to /dev/null; `smbclient -c get` to /dev/null), each after
+the kernel's caches were dropped: one with its copy on the server dropped too (on this one machine), one
+read into the server's page cache again. Cold, the server's own read (xfs on a loop file on the VM's disk)
+shares the two CPUs with the client, and what the client spends its CPU on slows the server; warm, the
+client and the link are what is measured, as with a server of its own.
+
+smbclient runs twice: signing, as offloadfs always does, and as it runs by default, unsigned on this lab
+(its server does not require signing); offloadfs's ratio to each is printed, and smbclient's times include
+its connect and logon, measured alone (`-c exit`) and taken off. offloadfs runs twice too: as mounted by
+default, and with `detect_copies=off`, which does not remember what it serves (otherwise each byte read is
+cut and hashed, in case it is written back). No write asks the server to make the data durable: dd's time
+ends when its close() returns, once the server has acknowledged every byte, as `put`'s does. (Until
+2026-12-06 dd ran with `conv=fsync`, whose FLUSH made smbd write the file to disk within the time: 0.4-1.6
+s of 4.5 s for 512 MiB at 1 Gbit.) Every file written is checked on the server; each round writes bytes of
+its own. Goal (issue #8): offloadfs >= 98 % of smbclient on the 1 Gbit link, >= 90 % on the bare one.
 """
 
 import argparse
@@ -27,13 +36,18 @@ from pathlib import Path
 from local import drop_caches
 from offloadfs.lab.samba import samba_lab
 from offloadfs.lab.smbdemo import RATE, share_mount
-from peers import install_peers
+from peers import install_peers, rclone_mount, smbnetfs_mount
 
 KIND = "xfs"
 MiB = 1 << 20
 FULL = {"mib": 512, "rounds": 3}
 QUICK = {"mib": 128, "rounds": 1}
 GOALS = {RATE: 0.98, None: 0.90}
+READS = ("read, cold", "read, warm")
+# offloadfs signs every request and checks every reply's signature (a reply that is not the server's is
+# never taken); smbclient signs only where asked (`--client-protection=sign`) or where the server requires it.
+SMBCLIENT = {"smbclient, signed": ("--client-protection=sign",), "smbclient": ()}
+TABLE = ("offloadfs", "offloadfs, detect_copies=off", *SMBCLIENT, "rclone mount", "smbnetfs")  # the server's copy of the file dropped from its cache, or read into it
 
 
 def timed(*argv):
@@ -49,36 +63,47 @@ def cache(path):
             pass
 
 
-def smbclient(server, authfile, command):
-    return timed("smbclient", server.unc(KIND), "-A", authfile, "-m", "SMB3", "-c", command)
+def smbclient(server, authfile, command, *options):
+    return timed("smbclient", server.unc(KIND), "-A", authfile, "-m", "SMB3", *options, "-c", command)
 
 
-def rounds(server, mnt, tmp, authfile, size):
-    """{(tool, way): [MiB/s per round]}; each round writes a file of its own (the same bytes again would
-    be recognised as a copy of the file read the round before)."""
+def rounds(server, mounts, tmp, authfile, size):
+    """{(tool, way): [MiB/s per round]}; ``mounts``: tool -> the directory showing the share.  Each file
+    read is read once: offloadfs remembers what it served (copy recognition), and a second read of the
+    same file costs it less."""
     share = server.shares[KIND].path
     mib = size["mib"]
+    tools = [*mounts, *SMBCLIENT]
     out = {}
-    logon = statistics.median(smbclient(server, authfile, "exit") for _ in range(3))
+    logon = {tool: statistics.median(smbclient(server, authfile, "exit", *SMBCLIENT[tool]) for _ in range(3))
+             for tool in SMBCLIENT}
     for r in range(size["rounds"]):
-        for tool in ("offloadfs", "smbclient")[::1 if r % 2 == 0 else -1]:
-            name = f"{tool}-{r}"
+        for tool in tools[r % len(tools):] + tools[:r % len(tools)]:
+            name = f"tool{tools.index(tool)}-{r}"
             local = Path(tmp, f"data-{r}")
             cache(local)
-            if tool == "offloadfs":
-                seconds = timed("dd", f"if={local}", f"of={mnt / name}", "bs=1M", "status=none")
+            if tool in SMBCLIENT:
+                seconds = smbclient(server, authfile, f"put {local} {name}", *SMBCLIENT[tool]) - logon[tool]
             else:
-                seconds = smbclient(server, authfile, f"put {local} {name}") - logon
+                seconds = timed("dd", f"if={local}", f"of={mounts[tool] / name}", "bs=1M", "status=none")
             out.setdefault((tool, "write"), []).append(mib / seconds)
             if (share / name).read_bytes() != local.read_bytes():
                 raise RuntimeError(f"{tool} wrote {name} wrong")
-            drop_caches()
-            if tool == "offloadfs":
-                seconds = timed("dd", f"if={mnt / name}", "of=/dev/null", "bs=1M", "status=none")
-            else:
-                seconds = smbclient(server, authfile, f"get {name} /dev/null") - logon
-            out.setdefault((tool, "read"), []).append(mib / seconds)
-            (share / name).unlink()
+            for way, read in zip(READS, (name, f"{name}.warm")):
+                if way == "read, warm":  # written through the tool, which may not see files made behind it
+                    if tool in SMBCLIENT:
+                        smbclient(server, authfile, f"put {local} {read}", *SMBCLIENT[tool])
+                    else:
+                        timed("dd", f"if={local}", f"of={mounts[tool] / read}", "bs=1M", "status=none")
+                drop_caches()
+                if way == "read, warm":
+                    cache(share / read)
+                if tool in SMBCLIENT:
+                    seconds = smbclient(server, authfile, f"get {read} /dev/null", *SMBCLIENT[tool]) - logon[tool]
+                else:
+                    seconds = timed("dd", f"if={mounts[tool] / read}", "of=/dev/null", "bs=1M", "status=none")
+                out.setdefault((tool, way), []).append(mib / seconds)
+                (share / read).unlink()
     return out
 
 
@@ -86,7 +111,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="128 MiB, one round")
     size = QUICK if parser.parse_args().quick else FULL
-    install_peers(("smbclient",))
+    install_peers()
     rows = []
     with tempfile.TemporaryDirectory(prefix="offloadfs-throughput-") as tmp:
         for r in range(size["rounds"]):
@@ -97,17 +122,27 @@ def main():
                 authfile = Path(tmp, "auth")
                 authfile.write_text(f"username = {server.username}\npassword = {server.password}\n")
                 authfile.chmod(0o600)
-                mnt = stack.enter_context(share_mount(server, KIND))
-                rows.append((rate, rounds(server, mnt, tmp, authfile, size)))
+                workdir = Path(tmp, f"peers-{rate}")
+                workdir.mkdir()
+                mounts = {"offloadfs": stack.enter_context(share_mount(server, KIND)),
+                          "offloadfs, detect_copies=off":
+                              stack.enter_context(share_mount(server, KIND, ["detect_copies=off"])),
+                          "rclone mount": stack.enter_context(rclone_mount(server, KIND, workdir))[0],
+                          "smbnetfs": stack.enter_context(smbnetfs_mount(server, KIND, workdir))[0]}
+                rows.append((rate, rounds(server, mounts, tmp, authfile, size)))
+    ways = ("write", *READS)
     print(f"sequential I/O of {size['mib']} MiB (dd bs=1M; smbclient put/get), Samba {KIND} share, "
           f"median MiB/s of {size['rounds']} round(s)")
-    print(f"  {'link':10}{'way':7}{'offloadfs':>11}{'smbclient':>11}{'ratio':>8}{'goal':>7}")
     for rate, results in rows:
-        for way in ("write", "read"):
-            ours, theirs = (statistics.median(results[(tool, way)]) for tool in ("offloadfs", "smbclient"))
-            goal = GOALS[rate]
-            mark = "" if ours / theirs >= goal else "  missed"
-            print(f"  {rate or 'bare veth':10}{way:7}{ours:11.1f}{theirs:11.1f}{ours / theirs:8.2f}{goal:7.2f}{mark}")
+        print(f"  {(rate or 'bare veth') + ' link':34}" + "".join(f"{way:>12}" for way in ways))
+        for tool in sorted({tool for tool, _ in results}, key=TABLE.index):
+            print(f"    {tool:32}" + "".join(f"{statistics.median(results[(tool, way)]):12.1f}" for way in ways))
+        for base in SMBCLIENT:
+            ratios = [statistics.median(results[("offloadfs", way)]) / statistics.median(results[(base, way)])
+                      for way in ways]
+            missed = [way for way, ratio in zip(ways, ratios) if ratio < GOALS[rate]]
+            print(f"    {'offloadfs / ' + base:32}" + "".join(f"{ratio:12.2f}" for ratio in ratios)
+                  + f"   goal {GOALS[rate]:.2f}" + (f", missed: {', '.join(missed)}" if missed else ""))
 
 
 if __name__ == "__main__":
