@@ -43,11 +43,11 @@ MiB = 1 << 20
 FULL = {"mib": 512, "rounds": 3}
 QUICK = {"mib": 128, "rounds": 1}
 GOALS = {RATE: 0.98, None: 0.90}
-READS = ("read, cold", "read, warm")
+READS = ("read, cold", "read, warm")  # the server's copy of the file dropped from its cache, or read into it
 # offloadfs signs every request and checks every reply's signature (a reply that is not the server's is
 # never taken); smbclient signs only where asked (`--client-protection=sign`) or where the server requires it.
 SMBCLIENT = {"smbclient, signed": ("--client-protection=sign",), "smbclient": ()}
-TABLE = ("offloadfs", "offloadfs, detect_copies=off", *SMBCLIENT, "rclone mount", "smbnetfs")  # the server's copy of the file dropped from its cache, or read into it
+TABLE = ("offloadfs", "offloadfs, detect_copies=off", *SMBCLIENT, "rclone mount", "smbnetfs")
 
 
 def timed(*argv):
@@ -135,7 +135,7 @@ def main():
           f"median MiB/s of {size['rounds']} round(s)")
     for rate, results in rows:
         print(f"  {(rate or 'bare veth') + ' link':34}" + "".join(f"{way:>12}" for way in ways))
-        for tool in sorted({tool for tool, _ in results}, key=TABLE.index):
+        for tool in TABLE:
             print(f"    {tool:32}" + "".join(f"{statistics.median(results[(tool, way)]):12.1f}" for way in ways))
         for base in SMBCLIENT:
             ratios = [statistics.median(results[("offloadfs", way)]) / statistics.median(results[(base, way)])
