@@ -127,9 +127,18 @@ class AttrCache:
         return max(0.0, min(self.timeout, inode.stat_expiry - time.monotonic()))
 
     def reopened(self, where, inode, st):
-        """An open() found ``st`` at the server: True if the file is as the kernel last saw it,
-        so its cached pages may stay.  ``st`` is what the kernel sees from now on."""
-        unchanged = inode.stat is not None and version(inode.stat) == version(st)
+        """An open() found ``st`` at the server: True if the file is as it was at the open before,
+        with no change to its data made through this mount since, so the pages the kernel cached
+        may stay.  ``st`` is what the kernel sees from now on.
+
+        Not compared with the attributes last handed out: a stat after another client's rewrite
+        (`ls -l`) would have handed the new ones out, while the kernel keeps its pages on an mtime
+        put back.  Only attributes that move with every change can tell (``exact_version``): on
+        Samba a rewrite by another client or a program on the server may leave them all as they
+        were."""
+        now = (version(st), inode.data_changes)
+        unchanged = inode.source.backend.exact_version and inode.opened_as == now
+        inode.opened_as = now
         self.store(where, inode, st)
         return unchanged
 

@@ -92,6 +92,7 @@ class Inode:
     absent: dict | None = None  # directories: names the server said are not there (cache.DirCache)
     pending: object = None  # files: recognise.Pending, written data held for a copy
     data_changes: int = 0  # files: changes to the data made through this mount (recognise.version)
+    opened_as: tuple | None = None  # files: (cache.version, data_changes) at the last open (AttrCache.reopened)
     behind: object = None  # files: writebehind.Behind, writes answered and still in flight
 
 

@@ -87,14 +87,47 @@ async def test_open_keeps_pages_only_of_a_file_that_did_not_change(tmp_path):
     await fs.start()
     entry = await fs.lookup(ROOT_CTX, 1, b"f")
     first = await fs.open(ROOT_CTX, entry.nodeid, os.O_RDONLY, False)
-    assert first.keep_cache
+    again = await fs.open(ROOT_CTX, entry.nodeid, os.O_RDONLY, False)
+    assert again.keep_cache
     (tmp_path / "f").write_bytes(b"changed by another client")
     second = await fs.open(ROOT_CTX, entry.nodeid, os.O_RDONLY, False)
     assert not second.keep_cache
     attr, _ = await fs.getattr(ROOT_CTX, entry.nodeid, None)
     assert attr.size == 25
+    for opened in (first, again, second):
+        await fs.release(ROOT_CTX, entry.nodeid, opened.fh)
+
+
+async def test_a_stat_after_a_change_does_not_hide_it_from_the_next_open(tmp_path):
+    """`ls -l` hands out the new attributes, but the kernel keeps its pages on an mtime put back:
+    the open compares with the open before, not with what the stat handed out."""
+    (tmp_path / "f").write_bytes(b"abc")
+    fs = Filesystem({"s": LocalBackend(str(tmp_path), {})}, Options(attr_timeout=0), Stats("/mnt", {}))
+    await fs.start()
+    entry = await fs.lookup(ROOT_CTX, 1, b"f")
+    first = await fs.open(ROOT_CTX, entry.nodeid, os.O_RDONLY, False)
+    st = os.stat(tmp_path / "f")
+    (tmp_path / "f").write_bytes(b"xyz")
+    os.utime(tmp_path / "f", ns=(st.st_atime_ns, st.st_mtime_ns))
+    await fs.getattr(ROOT_CTX, entry.nodeid, None)
+    second = await fs.open(ROOT_CTX, entry.nodeid, os.O_RDONLY, False)
+    assert not second.keep_cache
     for opened in (first, second):
         await fs.release(ROOT_CTX, entry.nodeid, opened.fh)
+
+
+async def test_pages_are_not_kept_where_the_attributes_prove_nothing(tmp_path):
+    """Samba: an unchanged mtime, ctime and size do not prove the data unchanged."""
+    (tmp_path / "f").write_bytes(b"abc")
+    backend = LocalBackend(str(tmp_path), {})
+    backend.exact_version = False
+    fs = Filesystem({"s": backend}, Options(), Stats("/mnt", {}))
+    await fs.start()
+    entry = await fs.lookup(ROOT_CTX, 1, b"f")
+    opened = [await fs.open(ROOT_CTX, entry.nodeid, os.O_RDONLY, False) for _ in range(2)]
+    assert not opened[1].keep_cache
+    for o in opened:
+        await fs.release(ROOT_CTX, entry.nodeid, o.fh)
 
 
 class _Dir:

@@ -136,6 +136,12 @@ class Backend:
     # them, a filesystem shares them): only then do copies recognised in plain writes
     # (recognise.py) pay for hashing every byte read and written.
     offloads_spare_bytes = True
+    # Whether a file's attributes (Stat, as recognise.version and cache.version take them) change
+    # whenever its data does, whoever changes it: an exact change attribute (NFS), or a ctime the
+    # kernel makes fine-grained.  Where not (Samba reports the mtime as the ctime and holds an open
+    # file's write time; times can be put back), equal attributes prove nothing: cached pages are
+    # not kept on open, and a recognised copy is read back before it counts (recognise.py).
+    exact_version = False
 
     def shares_server_with(self, other: "Backend") -> bool:
         """True if a server-side copy can run from this backend's files to ``other``'s."""

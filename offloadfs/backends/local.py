@@ -33,6 +33,11 @@ CLONE_CHUNK = 1 << 30  # one worker-thread call of FICLONERANGE
 INLINE = 1 << 20
 # What means "this pair or range cannot be done this way", not "the copy failed".
 UNSUPPORTED = {errno.EXDEV, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ETXTBSY, errno.EBADF}
+# Filesystems (statfs f_type) whose ctime moves on every change, finer than a clock tick once it was
+# looked at (multigrain timestamps, Linux 6.13): ext4, xfs, btrfs, tmpfs.  Nobody can set a ctime,
+# so an unchanged one proves the data unchanged.  A kernel NFS or CIFS mount given as the source
+# has no such ctime.
+EXACT_CTIME = {0xEF53, 0x58465342, 0x9123683E, 0x01021994}
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
@@ -40,6 +45,7 @@ _libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.
 _libc.fchownat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_int]
 _libc.linkat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
 _libc.utimensat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int]
+_libc.fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
 
 
 def _timespec(ns):
@@ -83,6 +89,18 @@ class File:
     fd: int
 
 
+def _kernel_version():
+    release = os.uname().release.split("-")[0].split(".")
+    return tuple(int(part) for part in release[:2] if part.isdigit())
+
+
+def _fs_type(fd):
+    """statfs's f_type of the filesystem ``fd`` is on (the first word of struct statfs)."""
+    buf = ctypes.create_string_buffer(128)
+    _check(_libc.fstatfs(fd, buf))
+    return ctypes.c_long.from_buffer(buf).value
+
+
 def source_path(url):
     """'/srv/x' or 'file:///srv/x' -> '/srv/x'."""
     if url.startswith("file:"):
@@ -102,6 +120,7 @@ class LocalBackend(Backend):
         self._root_fd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self._root_dev = os.fstat(self._root_fd).st_dev
         self.clone_align = os.fstatvfs(self._root_fd).f_bsize  # FICLONERANGE: the filesystem's block
+        self.exact_version = _kernel_version() >= (6, 13) and _fs_type(self._root_fd) in EXACT_CTIME
         if not _clones(self._root_fd):
             self.clone_range = None  # the planner plans no clones here (a capability this backend lacks)
 

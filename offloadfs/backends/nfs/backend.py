@@ -196,7 +196,8 @@ class NFSBackend(Backend):
             self.stat_attrs = attrs.STAT & self.supported
             try:
                 res = await self._call([ops.PutRootFH()] + [ops.Lookup(c) for c in self.path] + [
-                    ops.GetFH(), ops.GetAttr(self.stat_attrs | attrs.bits(attrs.CLONE_BLKSIZE) & self.supported)])
+                    ops.GetFH(), ops.GetAttr(self.stat_attrs | attrs.bits(attrs.CLONE_BLKSIZE, attrs.CHANGE_ATTR_TYPE)
+                                             & self.supported)])
             except NFSError as e:
                 if e.status in (errors.NOENT, errors.NOTDIR):
                     raise SourceError(f"{self.url}: no export or directory {where} on {self.settings.host}") from None
@@ -210,6 +211,8 @@ class NFSBackend(Backend):
             raise
         fh, values = res[-2], res[-1]
         self.clone_blksize = values.get(attrs.CLONE_BLKSIZE, 0)
+        self.exact_version = values.get(attrs.CHANGE_ATTR_TYPE) in attrs.EXACT_CHANGE
+        log.info("%s: change attribute type %s", self.url, values.get(attrs.CHANGE_ATTR_TYPE, "not given"))
         return self._node_stat(fh, values)
 
     async def lookup(self, dir, name):
