@@ -72,6 +72,7 @@ PROBE = 1 << 20
 # serves (btrfs and xfs: 4 KiB blocks, 64 KiB covers larger ones), and the server would copy the
 # data itself (rsync -a of 1 GiB on a btrfs share: 7.8 s of the 22.4 s).
 COMMIT_ALIGN = 64 << 10
+VERIFY_PIECE = 8 << 20  # a committed copy is read back and compared a piece at a time (Recogniser._verify)
 
 
 def digest(data):
@@ -575,7 +576,7 @@ class Recogniser:
         rest = self._unaligned_end(p) if aligned and p.runs else None  # (committed while we waited)
         while p.runs:
             run = p.runs[0]
-            done = await self._offload(p.handle, run)
+            done = await self._commit_run(p.handle, run)
             if done < run.length:
                 await self._write_held(p.handle, run, done)
                 self.stats.recognised_written += run.length - done
@@ -613,6 +614,61 @@ class Recogniser:
         p.runs.clear()
         p.window = bytearray()
         self.holding.pop(id(p), None)
+
+    async def _commit_run(self, h, run):
+        """Bytes of ``run`` that the file holds from its start, as written, by an offload.
+
+        Only a source whose attributes move with every change (``exact_version``) proves by
+        them that it was not rewritten since it was read.  From any other (Samba: the ctime is
+        the mtime, an open file's write time is held, a rewrite may put the times back), what
+        the offload left is read back and compared with the held bytes, and what differs is
+        written: the program's bytes, whatever the source holds now.  Where reading back is
+        expected to cost as much as writing (a symmetric link), the bytes are written."""
+        src = self.source_of(run.source)
+        if src is None:
+            return 0
+        exact = src.source.backend.exact_version
+        if not exact and not self.planner.verify_pays(h.inode.source.backend, run.length):
+            self.stats.recognised_unchecked += run.length
+            return 0
+        done = await self._offload(h, run)
+        if done and not exact:
+            await self._verify(h, run, done)
+        return done
+
+    async def _verify(self, h, run, length):
+        """Read back the first ``length`` bytes of ``run`` as the file holds them and write the
+        held bytes over each piece that differs (an opener of our own reads the server's data,
+        not the kernel's pages)."""
+        backend = h.inode.source.backend
+        file = await backend.open(h.inode.node, os.O_RDONLY)
+        try:
+            started = trio.current_time()
+            for at in range(0, length, VERIFY_PIECE):
+                end = min(length, at + VERIFY_PIECE)
+                held = self._held(run, at, end)
+                if await backend.read(file, run.dst + at, end - at) != held:
+                    log.info("%s: a recognised copy's source changed before it was copied: writing "
+                             "%d bytes at %d", self.endpoint(h.inode, h.file).label, end - at, run.dst + at)
+                    await self.send(h, run.dst + at, held)
+                    self.stats.recognised_written += end - at
+            self.planner.carried(backend, "read", started, length)
+            self.stats.recognised_verified += length
+        finally:
+            with trio.CancelScope(shield=True):
+                await backend.release(file)
+
+    @staticmethod
+    def _held(run, start, end):
+        """The held bytes of ``run`` from ``start`` to ``end`` (offsets in the run)."""
+        out, pos = [], 0
+        for piece in run.held:
+            if pos >= end:
+                break
+            if pos + len(piece) > start:
+                out.append(piece[max(0, start - pos):end - pos])
+            pos += len(piece)
+        return b"".join(out)
 
     async def _offload(self, h, run):
         """Bytes of ``run`` copied by an offload from its start; 0 where the source changed or

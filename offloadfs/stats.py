@@ -50,6 +50,11 @@ class Stats:
         self.recognised_bytes = 0
         self.recognised_committed = dict.fromkeys(OFFLOADS, 0)
         self.recognised_written = 0
+        # Of the bytes committed: read back and compared, as the source's attributes prove nothing
+        # (recognise.Recogniser._commit_run); and written without an offload, where reading back
+        # was expected to cost as much as writing.
+        self.recognised_verified = 0
+        self.recognised_unchecked = 0
         self.in_flight = {}
         self._ids = itertools.count(1)
 
@@ -113,6 +118,8 @@ class Stats:
                 "recognised_bytes": self.recognised_bytes,
                 "recognised_committed": dict(self.recognised_committed),
                 "recognised_written": self.recognised_written,
+                "recognised_verified": self.recognised_verified,
+                "recognised_unchecked": self.recognised_unchecked,
             },
         }
 

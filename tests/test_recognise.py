@@ -706,3 +706,54 @@ async def test_bytes_served_again_behind_a_stream_leave_it_going():
     await m.rec.commit(h.inode)
     same = bytes(h.file) == BIG
     assert same and m.server.sent == 0
+
+
+def rewrite_keeping_times(file, offset, data):
+    """A rewrite that no attribute shows: Samba's frozen write time and mtime-as-ctime, or `cp -p`."""
+    file[offset:offset + len(data)] = data
+
+
+async def test_a_source_rewritten_without_a_trace_is_caught_by_reading_the_copy_back():
+    """Issue #30: shutil read the first bytes, then a program on the server rewrote them in place
+    and put the times back.  The offload copies the new bytes; reading the copy back finds them,
+    and the bytes the program wrote go over them."""
+    m = Mount(BIG)
+    await m.serve()
+    h = m.handle("dst")
+    await copy(m, h, BIG, BLOCK)
+    rewrite_keeping_times(m.src.node, 0, os.urandom(1 << 20))
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == BIG
+    c = m.counters()
+    assert c["recognised_verified"] == len(BIG)
+    assert 1 << 20 <= c["recognised_written"] <= 1 << 20 | recognise.VERIFY_PIECE
+
+
+async def test_a_source_whose_attributes_are_exact_is_not_read_back(monkeypatch):
+    m = Mount(BIG)
+    m.server.exact_version = True
+    await m.serve()
+    h = m.handle("dst")
+    await copy(m, h, BIG, BLOCK)
+    read = []
+    real = m.server.read
+    monkeypatch.setattr(m.server, "read", lambda file, *a: read.append(file) or real(file, *a))
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == BIG and not any(f is h.file for f in read) and m.server.sent == 0
+    assert m.counters()["recognised_verified"] == 0
+
+
+async def test_where_reading_back_costs_as_much_as_writing_the_held_bytes_are_written():
+    """A symmetric link: an offload read back would not beat writing (Planner.verify_pays)."""
+    m = Mount(BIG)
+    await m.serve()
+    for op in ("read", "write"):
+        for _ in range(3):
+            m.rec.planner.costs.record(id(m.server), op, 8 << 20, 0.07)
+    h = m.handle("dst")
+    await copy(m, h, BIG, BLOCK)
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == BIG and m.server.sent == len(BIG)
+    c = m.counters()
+    assert c["recognised_unchecked"] == c["recognised_written"] == len(BIG)
+    assert sum(c["recognised_committed"].values()) == 0
