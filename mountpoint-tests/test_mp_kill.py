@@ -47,8 +47,12 @@ def test_killed_cp_dies_within_a_second(backing, mount):
         if cp.poll() is None:
             cp.kill()
             cp.wait()
+    # The copy was cut where the kill found it, not finished first: a daemon that let the
+    # interrupt wait would answer once all 3 GiB were copied.  (No bound on the time: a second is
+    # no promise under a CPU-heavy job beside the test.)
     print(f"cp reaped {elapsed:.3f} s after SIGKILL")
-    assert elapsed < 2.0
+    counters = mnt.counters()
+    assert sum(counters["copy_bytes"].values()) < 3 * GiB, counters
     digest = write_file(mnt.path / "b" / "small", MiB)
     sh("cp", mnt.path / "b" / "small", mnt.path / "e" / "small")
     assert sha256(sources["e"] / "small") == digest
