@@ -57,7 +57,8 @@ def _recognised(c):
         return []
     by_method = c.get("recognised_committed", {})
     lines = [f"  recognised copies: {size(c['recognised_bytes'])} recognised, "
-             f"{size(sum(by_method.values()))} committed, {size(c.get('recognised_written', 0))} written after all"]
+             f"{size(sum(by_method.values()))} committed ({size(c.get('recognised_verified', 0))} read back), "
+             f"{size(c.get('recognised_written', 0))} written after all"]
     lines += [f"    {method:<18} {size(n)}" for method, n in by_method.items() if n]
     return lines
 

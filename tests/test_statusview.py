@@ -47,8 +47,9 @@ def test_text_shows_recognised_copies_by_method_and_what_was_written_after_all()
     stats.recognised_committed["server_copy"] = 6 << 20
     stats.recognised_committed["clone"] = 1 << 20
     stats.recognised_written = 3 << 20
+    stats.recognised_verified = 6 << 20
     out = statusview.text([stats.snapshot()])
-    assert "  recognised copies: 10.0 MiB recognised, 7.0 MiB committed, 3.0 MiB written after all\n" in out
+    assert "  recognised copies: 10.0 MiB recognised, 7.0 MiB committed (6.0 MiB read back), 3.0 MiB written after all\n" in out
     assert "    clone              1.0 MiB\n" in out
     assert "    server_copy        6.0 MiB\n" in out
     assert "    inter_server_copy" not in out.split("recognised copies:")[1]  # no line for what moved nothing
