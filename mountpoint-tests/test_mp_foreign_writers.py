@@ -3,7 +3,8 @@ whatever other clients and programs on the server do meanwhile.
 
 The foreign writers: a program on the server (a process writing the directory behind the share or
 export, which breaks no SMB lease while Samba runs with `kernel oplocks = no`), and a second client
-(another offloadfs mount of the same share, with its own connection).  Each rewrites a file in place,
+(another offloadfs mount of the same share, with its own connection; nfsd's directory is seen
+through one, see nfskit).  Each rewrites a file in place,
 keeping its size, and puts its times back as `cp -p`, `touch -r` and `tar x` do: on Samba nothing in
 the attributes then tells the rewrite apart (the ctime is the mtime, an open file's write time is held).
 """
@@ -18,7 +19,7 @@ from offloadfs.lab.mount import offloadfs_mount
 
 SIZE = 8 * MiB + 12345
 REWRITE = 4 * MiB  # the source's first bytes, rewritten after they were read
-WHERE = ["smb-btrfs", "smb-xfs", "smb-ext4", "nfs-ganesha", "local-btrfs"]
+WHERE = ["smb-btrfs", "smb-xfs", "smb-ext4", "nfs-ganesha", "nfsd", "local-btrfs"]
 
 
 @pytest.fixture(params=WHERE)

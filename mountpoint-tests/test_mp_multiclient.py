@@ -5,8 +5,9 @@ own view of it where that cannot go stale: the local directory, the Samba
 share's directory, nfsd's uncached view mount; for ganesha, whose server
 caches attributes of files changed behind its back, a third mount) take
 turns at random: creates, writes, truncates, renames, links, unlinks,
-chmods and utimes, each through a randomly chosen client that opens, acts
-and closes. Just before it, every client looks up the names the step
+chmods and utimes, rewrites that keep the size and put the times back, and
+restores from a backup (remove, make again, old times), each through a
+randomly chosen client that opens, acts and closes. Just before it, every client looks up the names the step
 touches (and every other name of the same files), so each has them freshly
 cached; afterwards each of those names is opened through every client, which
 must see exactly the model's size, bytes, link count, mode (where the place
@@ -148,6 +149,38 @@ class Model:
     def model_utime(self, name, atime_ns, mtime_ns):
         self.file(name).mtime_ns = mtime_ns
 
+    @staticmethod
+    def do_rewrite(root, name, data):
+        """Rewrite the file's first bytes in place, keeping its size, and put its times back (as
+        `cp -p`, `touch -r`, `tar x` leave them): on Samba no attribute then shows the change."""
+        st = os.stat(root / name)
+        fd = os.open(root / name, os.O_WRONLY)
+        try:
+            os.pwrite(fd, data[:st.st_size], 0)
+        finally:
+            os.close(fd)
+        os.utime(root / name, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    def model_rewrite(self, name, data):
+        f = self.file(name)
+        n = min(len(data), len(f.data))
+        f.data[:n] = data[:n]
+
+    @staticmethod
+    def do_restore(root, name, data):
+        """Restore the name from a backup: the file is removed and made again with other bytes and
+        the times it had (xfs may give it the inode number, Samba's file id, it had)."""
+        st = os.stat(root / name)
+        os.unlink(root / name)
+        Model.do_create(root, name, data)
+        os.utime(root / name, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    def model_restore(self, name, data):
+        mtime_ns = self.file(name).mtime_ns
+        self.model_unlink(name)
+        self.model_create(name, data)
+        self.names[name].mtime_ns = mtime_ns
+
 
 def outcome(fn, *args):
     try:
@@ -199,7 +232,8 @@ class Run:
         """(operation, args, names it touches)."""
         rng = self.rng
         a, b = rng.choice(NAMES), rng.choice(NAMES)
-        kinds = {"create": 12, "write": 25, "truncate": 10, "rename": 10, "link": 8, "unlink": 8, "utime": 8}
+        kinds = {"create": 12, "write": 25, "truncate": 10, "rename": 10, "link": 8, "unlink": 8, "utime": 8,
+                 "rewrite": 8, "restore": 4}
         if self.modes:
             kinds["chmod"] = 6
         kind = rng.choices(list(kinds), list(kinds.values()))[0]
@@ -213,6 +247,8 @@ class Run:
             return kind, (a, b), [a, b]
         if kind == "unlink":
             return kind, (a,), [a]
+        if kind in ("rewrite", "restore"):
+            return kind, (a, rng.randbytes(rng.randrange(1, 8192))), [a]
         if kind == "chmod":
             return kind, (a, rng.choice(MODES)), [a]
         mtime = rng.randrange(10**9, 2 * 10**9) * 10**9 + rng.randrange(10**7) * 100  # 100 ns steps, as SMB
@@ -285,6 +321,11 @@ CASES = {
                     ("third", "unlink", ("g",), ["f", "g"])],
     "chmod": [("two", "create", ("f", b"abc"), ["f"]), ("one", "chmod", ("f", 0o600), ["f"])],
     "utime": [("two", "create", ("f", b"abc"), ["f"]), ("one", "utime", ("f", 10**18, 10**18 + 100), ["f"])],
+    # issue #30: a same-size rewrite with the times put back, by a program on the server, while a
+    # client holds the old bytes in its cache: Samba's attributes show nothing
+    "rewrite-times-back": [("two", "create", ("f", b"abcdef"), ["f"]), ("third", "rewrite", ("f", b"xyz"), ["f"])],
+    "restore": [("two", "create", ("f", b"abcdef"), ["f"]), ("one", "link", ("f", "g"), ["f", "g"]),
+                ("third", "restore", ("f", b"backup"), ["f", "g"])],
 }
 
 
