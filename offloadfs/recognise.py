@@ -194,7 +194,7 @@ class Served:
     def __init__(self, limit=SERVED_CHUNKS):
         self.limit = limit
         self.by_digest = OrderedDict()  # (uid, digest) -> Chunk
-        self.samples = collections.Counter()  # sample -> chunks in by_digest that have it
+        self.samples = collections.Counter()  # (uid, sample) -> chunks in by_digest that have it
         self.at = OrderedDict()  # (uid, source, offset) -> Chunk, the last served last; at most twice limit
         self.streams = OrderedDict()  # (uid, source) -> Stream
         # source -> the version its last reply was served as: chunks of an older one are not found
@@ -327,7 +327,7 @@ class Served:
         if old is not None and self.by_digest.get((old.uid, old.digest)) is old:
             self._drop(old)
         if hashed not in self.by_digest:
-            self.samples[chunk.sample] += 1
+            self.samples[chunk.uid, chunk.sample] += 1
         self.by_digest[hashed] = chunk
         self.by_digest.move_to_end(hashed)
         self.at.pop(place, None)
@@ -342,9 +342,9 @@ class Served:
 
     def _drop(self, chunk):
         del self.by_digest[(chunk.uid, chunk.digest)]
-        self.samples[chunk.sample] -= 1
-        if not self.samples[chunk.sample]:
-            del self.samples[chunk.sample]
+        self.samples[chunk.uid, chunk.sample] -= 1
+        if not self.samples[chunk.uid, chunk.sample]:
+            del self.samples[chunk.uid, chunk.sample]
 
     def find(self, uid, data, next_to=None, offset=None):
         """The chunk served to ``uid`` of the bytes ``data``, written at ``offset``.  ``next_to`` ((source,
@@ -352,7 +352,7 @@ class Served:
         another file with the same bytes; then the chunk at ``offset`` in the file that served those
         bytes last, as cp-like tools copy to the same offsets, so that a file of one repeated chunk
         (zeros) makes one run, not a run a chunk from wherever that chunk was served last."""
-        if sample(data) not in self.samples:
+        if (uid, sample(data)) not in self.samples:
             return None
         hashed, length = digest(data), len(data)
         chunk = self.by_digest.get((uid, hashed))
