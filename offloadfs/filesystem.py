@@ -106,6 +106,10 @@ class Handle:
     unread: bool = False  # directories: opened, not read yet
     passthrough: bool = False
     append: bool = False  # opened O_APPEND, the kernel's cache aside: its writes go to the server's end
+    # Opened for reading, as its opener asked: with the writeback cache a write-only open is made
+    # read-write, and the kernel reads through it the pages it fills in part (for a user who may
+    # only write the file); such reads are no data of the opener's to recognise (recognise.py).
+    readable: bool = True
 
 
 @dataclass(slots=True)
@@ -611,8 +615,8 @@ class Filesystem(Operations):
             raise OSError(errno.EROFS, "read-only mount")
         return flags
 
-    def _opened(self, inode, file, flags, keep_cache=False):
-        """A handle for ``file``, opened with ``flags`` (as _open_flags made them).
+    def _opened(self, inode, file, flags, readable, keep_cache=False):
+        """A handle for ``file``, opened with ``flags`` (as _open_flags made them), ``readable`` as asked.
 
         Without the writeback cache the kernel appends at the size it holds, which may be older
         than another client's append: the daemon places a handle's appends at the server's end
@@ -627,7 +631,7 @@ class Filesystem(Operations):
         backing = backend.backing_fd(file) if self.passthrough and isinstance(backend, Passthrough) else None
         append = backing is None and bool(flags & os.O_APPEND)
         write_only = backing is None and flags & os.O_ACCMODE == os.O_WRONLY  # never so with the writeback cache
-        self.handles[fh] = Handle(inode, file, passthrough=backing is not None, append=append)
+        self.handles[fh] = Handle(inode, file, passthrough=backing is not None, append=append, readable=readable)
         inode.passthrough += backing is not None
         return Opened(fh, backing_fd=backing, keep_cache=keep_cache, direct_io=append or write_only)
 
@@ -642,6 +646,7 @@ class Filesystem(Operations):
             await self._check_name(inode)
         await self.behind.settle(inode)  # attributes from the server must hold what we wrote
         backend = inode.source.backend
+        readable = flags & os.O_ACCMODE != os.O_WRONLY
         flags = self._open_flags(flags)
         try:
             file = await backend.open(inode.node, flags)
@@ -669,7 +674,7 @@ class Filesystem(Operations):
             with trio.CancelScope(shield=True):
                 await backend.release(file)
             raise
-        return self._opened(inode, file, flags, keep)
+        return self._opened(inode, file, flags, readable, keep)
 
     def _checked_by_open(self, inode):
         """True if the open of ``inode`` itself checks the one name the kernel holds for it (see
@@ -741,23 +746,24 @@ class Filesystem(Operations):
         check_name(name)
         dir = self._dir(parent)
         async with self._changing(dir):
+            readable = flags & os.O_ACCMODE != os.O_WRONLY
             flags = self._open_flags(flags)
             node, st, file = await dir.source.backend.create(dir.node, name, flags, mode)
         entry = self._added(dir, name, node, st)
-        return entry, self._opened(self.inodes[entry.nodeid], file, flags)
+        return entry, self._opened(self.inodes[entry.nodeid], file, flags, readable)
 
     async def read(self, ctx, nodeid, fh, offset, size):
         h = self._handle(fh)
         inode = h.inode
         await self._settle(inode)
-        if self.recogniser is None or inode.source.index not in self.copies_from:
+        if self.recogniser is None or inode.source.index not in self.copies_from or not h.readable:
             started = trio.current_time()
             data = await inode.source.backend.read(h.file, offset, size)
         else:
             # The version is taken before the read: data changed after it is caught at commit.
             st = await self._getattr(inode, h.file)
             started = trio.current_time()
-            data = await self.recogniser.read(inode, h.file, offset, size, st)
+            data = await self.recogniser.read(h, offset, size, st)
         self.planner.carried(inode.source.backend, "read", started, len(data))
         self.stats.fuse_read_bytes += len(data)
         return data
@@ -1227,7 +1233,7 @@ class Filesystem(Operations):
 
     async def getxattr(self, ctx, nodeid, name):
         if nodeid == ROOT and name == STATUS_XATTR:
-            return json.dumps(self.stats.snapshot(src.backend for src in self.sources)).encode()
+            return json.dumps(self.stats.snapshot((src.backend for src in self.sources), ctx.uid)).encode()
         inode = self._inode(nodeid)
         if inode.source is None:
             raise OSError(errno.ENODATA, "no such attribute")

@@ -28,8 +28,17 @@ known before that read (cached, the same for all reads of the file for a while)
 would never match again.  ``Recogniser.read`` asks once more after the first
 read of each version; where it moved, the bytes are read again and labelled
 with the new version, and later reads that knew the old one get the new one.
+
+Served data is remembered for the user it was served to (the uid that opened the
+handle it went through), and written data matches only what was served to the
+user that opened the handle it comes through.  Under allow_other a user could
+otherwise learn the bytes of a file only root may read, by writing guesses and
+watching ``recognised_bytes`` grow.  Root's writes match only root's reads too:
+root's copies read their source as root, and one rule for all keeps the index
+simple.
 """
 import collections
+import contextlib
 import logging
 import os
 from collections import OrderedDict
@@ -39,6 +48,7 @@ import trio
 from blake3 import blake3
 from pyfastcdc import FastCDC
 
+from .backends.base import CALLER
 from .stats import OFFLOADS
 
 log = logging.getLogger(__name__)
@@ -140,13 +150,14 @@ def offload_touched(before, after):
 
 @dataclass(slots=True, frozen=True)
 class Chunk:
-    """One chunk as served: ``source`` is the file's inode key."""
+    """One chunk as served to ``uid``: ``source`` is the file's inode key."""
     source: tuple
     offset: int
     length: int
     version: tuple
     digest: bytes
     sample: tuple
+    uid: int
 
 
 @dataclass(slots=True)
@@ -177,24 +188,27 @@ class Served:
 
     A file's replies are cut in the order of their offsets (``Stream``): the kernel's readahead
     may complete them in any order, and a reply that does not follow the ones before (a seek, or
-    another version) begins a new stream."""
+    another version) begins a new stream.  Each user has streams and chunks of their own: a chunk
+    is found only for the user it was served to (by_digest is keyed (uid, digest), at and streams
+    (uid, source, ...))."""
 
     def __init__(self, limit=SERVED_CHUNKS):
         self.limit = limit
-        self.by_digest = OrderedDict()
-        self.samples = collections.Counter()  # sample -> chunks in by_digest that have it
-        self.at = OrderedDict()  # (source, offset) -> Chunk, the last served last; at most twice limit
-        self.streams = OrderedDict()  # source -> Stream
+        self.by_digest = OrderedDict()  # (uid, digest) -> Chunk
+        self.samples = collections.Counter()  # (uid, sample) -> chunks in by_digest that have it
+        self.at = OrderedDict()  # (uid, source, offset) -> Chunk, the last served last; at most twice limit
+        self.streams = OrderedDict()  # (uid, source) -> Stream
         # source -> the version its last reply was served as: chunks of an older one are not found
         # (the source changed since: a copy from them would be written after all).
         self.versions = OrderedDict()
         self.ahead = 0  # bytes in the streams' ahead
 
-    def add(self, source, ver, offset, data, eof):
-        """``data`` was served from ``source`` (as of ``ver``, taken before the read) at ``offset``;
-        ``eof``: the reply reached the end of the file."""
+    def add(self, uid, source, ver, offset, data, eof):
+        """``data`` was served to ``uid`` from ``source`` (as of ``ver``, taken before the read) at
+        ``offset``; ``eof``: the reply reached the end of the file."""
         self.now_at(source, ver)
-        first = s = self.streams.get(source)
+        key = (uid, source)
+        first = s = self.streams.get(key)
         while s is not None and s.then is not None and offset >= s.until:
             s = s.then
         if s is not None and s.version == ver and s.begun <= offset and offset + len(data) <= s.start:
@@ -202,13 +216,13 @@ class Served:
             # goes on, where ending it lost the chunks around where it stood; the chunks the reply
             # begins with are put back as served last.
             end = offset + len(data)
-            while (known := self.at.get((source, offset))) is not None and offset + known.length <= end:
+            while (known := self.at.get((uid, source, offset))) is not None and offset + known.length <= end:
                 self._put(known)
                 offset += known.length
             return
         if s is not None and s.version == ver and s.cut and s is first and s.begun - AHEAD_SPAN <= offset < s.begun:
             # Not the first reply asked for, but the first ones cut: a stream of its own up to them.
-            s = self.streams[source] = Stream(ver, offset, offset, until=s.begun, then=s)
+            s = self.streams[key] = Stream(ver, offset, offset, until=s.begun, then=s)
         elif s is not None and s.version == ver and not s.cut and s.start - AHEAD_SPAN <= offset < s.start:
             # Not the first reply asked for, but the first to complete: the stream begins here.
             if s.data:
@@ -217,11 +231,11 @@ class Served:
             s.data, s.start, s.begun, s.eof = bytearray(), offset, offset, False
             s.head = b"" if offset else None
         if s is not None and s.version == ver and s.start <= offset <= s.end() + AHEAD_SPAN:
-            self.streams.move_to_end(source)
+            self.streams.move_to_end(key)
         else:
             if first is not None:
-                self._end(source, first)
-            s = self.streams[source] = Stream(ver, offset, offset, head=b"" if offset else None)
+                self._end(key, first)
+            s = self.streams[key] = Stream(ver, offset, offset, head=b"" if offset else None)
             while len(self.streams) > STREAMS:
                 self._end(*next(iter(self.streams.items())))
         if offset > s.end():
@@ -231,21 +245,21 @@ class Served:
             if len(s.ahead) < AHEAD_PIECES and self.ahead <= AHEAD_MAX:
                 return
             # A gap that the replies in flight will not fill (the reader skipped it): go on past it.
-            self._cut(source, s)
+            self._cut(key, s)
             s.data.clear()
             s.start, s.cut = min(s.ahead), True
         else:
-            self._append(source, s, offset, data, eof)
+            self._append(key, s, offset, data, eof)
         while s.ahead and min(s.ahead) <= s.end():
             at = min(s.ahead)
             piece, last = s.ahead.pop(at)
             self.ahead -= len(piece)
-            self._append(source, s, at, piece, last)
+            self._append(key, s, at, piece, last)
         if s.until is not None and s.end() >= s.until:  # it reached the stream that goes on
-            self._put_cuts(source, s.version, s.start, cut(s.data, s.then.head or b"", False)[0])
+            self._put_cuts(key, s.version, s.start, cut(s.data, s.then.head or b"", False)[0])
             self.ahead -= sum(len(piece) for piece, _ in s.ahead.values())
-            self.streams[source] = s.then
-        for other in [k for k, o in self.streams.items() if o.ahead and k != source]:
+            self.streams[key] = s.then
+        for other in [k for k, o in self.streams.items() if o.ahead and k != key]:
             if self.ahead <= AHEAD_MAX:
                 break
             self._end(other, self.streams[other])
@@ -257,7 +271,7 @@ class Served:
         while len(self.versions) > VERSIONS:
             self.versions.popitem(last=False)
 
-    def _append(self, source, s, offset, data, eof):
+    def _append(self, key, s, offset, data, eof):
         skip = s.end() - offset  # served before, in this stream
         if s.until is not None and offset + len(data) > s.until:
             data, eof = memoryview(data)[:s.until - offset], False  # the stream that goes on has the rest
@@ -271,81 +285,96 @@ class Served:
             elif len(s.head) < CUT_AT:
                 s.head += data[:CUT_AT - len(s.head)]
         if eof or len(s.data) + len(data) >= CUT_AT:
-            self._cut(source, s, data)
+            self._cut(key, s, data)
         else:
             s.data += data
 
-    def _end(self, source, s):
+    def _end(self, key, s):
         """The stream ends (and those it goes on into): its data is cut where the content says,
         but for the last chunk, unless it ends the file."""
-        del self.streams[source]
+        del self.streams[key]
         while s is not None:
             self.ahead -= sum(len(piece) for piece, _ in s.ahead.values())
-            self._cut(source, s)
+            self._cut(key, s)
             s = s.then
 
-    def _cut(self, source, s, data=b""):
+    def _cut(self, key, s, data=b""):
         """Cut what ``s`` holds and ``data``, which follows it; what is left waits in ``s``."""
         groups, rest = cut(s.data, data, s.eof)
-        pos = self._put_cuts(source, s.version, s.start, groups)
+        pos = self._put_cuts(key, s.version, s.start, groups)
         s.cut = s.cut or pos > s.start
         s.data, s.start = bytearray(rest), pos
 
-    def _put_cuts(self, source, ver, pos, groups):
-        """Put the chunks ``cut`` gave for data at ``pos``; where they end."""
+    def _put_cuts(self, key, ver, pos, groups):
+        """Put the chunks ``cut`` gave for data at ``pos`` served to ``key`` (uid, source); where they end."""
+        uid, source = key
         for buf, ends in groups:
             view = memoryview(buf)
             begin = 0
             for end in ends:
-                known = self.at.get((source, pos + begin))
+                known = self.at.get((uid, source, pos + begin))
                 if known is not None and known.version == ver and known.length == end - begin:
                     self._put(known)  # the same bytes again: no need to hash them
                 else:
                     piece = view[begin:end]
-                    self._put(Chunk(source, pos + begin, end - begin, ver, digest(piece), sample(piece)))
+                    self._put(Chunk(source, pos + begin, end - begin, ver, digest(piece), sample(piece), uid))
                 begin = end
             pos += begin
         return pos
 
     def _put(self, chunk):
-        old = self.at.get((chunk.source, chunk.offset))
-        if old is not None and self.by_digest.get(old.digest) is old:
+        place, hashed = (chunk.uid, chunk.source, chunk.offset), (chunk.uid, chunk.digest)
+        old = self.at.get(place)
+        if old is not None and self.by_digest.get((old.uid, old.digest)) is old:
             self._drop(old)
-        if chunk.digest not in self.by_digest:
-            self.samples[chunk.sample] += 1
-        self.by_digest[chunk.digest] = chunk
-        self.by_digest.move_to_end(chunk.digest)
-        self.at.pop((chunk.source, chunk.offset), None)
-        self.at[(chunk.source, chunk.offset)] = chunk
+        if hashed not in self.by_digest:
+            self.samples[chunk.uid, chunk.sample] += 1
+        self.by_digest[hashed] = chunk
+        self.by_digest.move_to_end(hashed)
+        self.at.pop(place, None)
+        self.at[place] = chunk
         while len(self.at) > 2 * self.limit:  # chunks of bytes served since from elsewhere (zeros) stay here
             self.at.popitem(last=False)
         while len(self.by_digest) > self.limit:
             gone = next(iter(self.by_digest.values()))
             self._drop(gone)
-            if self.at.get((gone.source, gone.offset)) is gone:
-                del self.at[(gone.source, gone.offset)]
+            if self.at.get((gone.uid, gone.source, gone.offset)) is gone:
+                del self.at[(gone.uid, gone.source, gone.offset)]
 
     def _drop(self, chunk):
-        del self.by_digest[chunk.digest]
-        self.samples[chunk.sample] -= 1
-        if not self.samples[chunk.sample]:
-            del self.samples[chunk.sample]
+        del self.by_digest[(chunk.uid, chunk.digest)]
+        self.samples[chunk.uid, chunk.sample] -= 1
+        if not self.samples[chunk.uid, chunk.sample]:
+            del self.samples[chunk.uid, chunk.sample]
 
-    def find(self, data, next_to=None, offset=None):
-        """The served chunk of the bytes ``data``, written at ``offset``.  ``next_to`` ((source,
+    def find(self, uid, data, next_to=None, offset=None):
+        """The chunk served to ``uid`` of the bytes ``data``, written at ``offset``.  ``next_to`` ((source,
         offset)) is asked first, so that a run from one file goes on there rather than jumping to
         another file with the same bytes; then the chunk at ``offset`` in the file that served those
         bytes last, as cp-like tools copy to the same offsets, so that a file of one repeated chunk
         (zeros) makes one run, not a run a chunk from wherever that chunk was served last."""
-        if sample(data) not in self.samples:
+        if (uid, sample(data)) not in self.samples:
             return None
         hashed, length = digest(data), len(data)
-        chunk = self.by_digest.get(hashed)
-        for here in (self.at.get(next_to), None if chunk is None else self.at.get((chunk.source, offset)), chunk):
+        chunk = self.by_digest.get((uid, hashed))
+        for here in (None if next_to is None else self.at.get((uid, *next_to)),
+                     None if chunk is None else self.at.get((uid, chunk.source, offset)), chunk):
             if (here is not None and here.digest == hashed and here.length == length
                     and self.versions.get(here.source, here.version) == here.version):
                 return here
         return None
+
+
+@contextlib.contextmanager
+def acting_for(h):
+    """A commit acts for whoever opened ``h``, the handle the held data came through, whichever
+    request makes it (a read of the file, another file's write past the bound): its requests go as
+    that user, and its copy in flight is theirs in `offloadfs status`."""
+    token = CALLER.set(h.caller)
+    try:
+        yield
+    finally:
+        CALLER.reset(token)
 
 
 @dataclass(slots=True)
@@ -409,9 +438,12 @@ class Recogniser:
 
     # -- reads --------------------------------------------------------------------------
 
-    async def read(self, inode, file, offset, size, st):
-        """READ ``size`` bytes at ``offset`` through ``file``, their chunks remembered as served.
-        ``st``: the file's attributes as known before the read (maybe cached)."""
+    async def read(self, h, offset, size, st):
+        """READ ``size`` bytes at ``offset`` through the open file ``h``, their chunks remembered as
+        served to whoever opened it (the kernel's readahead READs carry the reader's uid too, but
+        the opener is who the open was checked for).  ``st``: the file's attributes as known before
+        the read (maybe cached)."""
+        inode, file = h.inode, h.file
         backend = inode.source.backend
         ver = version(st, inode)
         started = trio.current_time()
@@ -433,7 +465,7 @@ class Recogniser:
                 # The bytes read may be older than ``now``: read them again, after it was seen.
                 data = await backend.read(file, offset, size)
                 ver, st = now, after
-        self.served.add(inode.key, ver, offset, data, len(data) < size or offset + len(data) >= st.size)
+        self.served.add(h.caller.uid, inode.key, ver, offset, data, len(data) < size or offset + len(data) >= st.size)
         return data
 
     # -- writes -------------------------------------------------------------------------
@@ -448,13 +480,15 @@ class Recogniser:
         async with p.lock:
             if p.handle is not h:
                 if p.runs or p.window:
-                    await self._commit(p)  # another opener's data goes first, as it came first
+                    with acting_for(p.handle):
+                        await self._commit(p)  # another opener's data goes first, as it came first
                 p.handle, p.fresh, p.passed, p.probe = h, 0, 0, 0
             await self._write(p, offset, memoryview(data))
         while self.held > self.held_max and self.holding:
             oldest = next(iter(self.holding.values()))
             async with oldest.lock:
-                await self._commit_runs(oldest, aligned=True)
+                with acting_for(oldest.handle):
+                    await self._commit_runs(oldest, aligned=True)
 
     def write_now(self, h, offset, data):
         """Take a write through ``h`` that only grows the window (no chunk of it is decided): True;
@@ -535,7 +569,7 @@ class Recogniser:
             last = p.runs[-1]
             if last.dst + last.length == dst:
                 next_to = (last.source, last.src + last.length)
-        served = self.served.find(data, next_to, dst)
+        served = self.served.find(p.handle.caller.uid, data, next_to, dst)
         return None if served is None or served.source == p.key else served
 
     def _hold(self, p, dst, data, served):
@@ -562,7 +596,8 @@ class Recogniser:
         async with p.lock:  # a write in progress may be about to hold data: after it
             if not (p.runs or p.window):
                 return False
-            await self._commit(p)
+            with acting_for(p.handle):
+                await self._commit(p)
         return True
 
     async def _commit(self, p):

@@ -1,12 +1,17 @@
 """Counters since mount and the copies in flight: what `offloadfs status` shows.
 
 The JSON produced by ``Stats.snapshot`` is a documented interface (README,
-"Status"): add keys, never rename or remove them.
+"Status"): add keys, never rename or remove them.  Under allow_other any user
+may read it: a copy's paths (names inside other users' private directories)
+are shown to the user whose copy it is, to the mount's owner and to root;
+the counters, which name nothing, to all.
 """
 import itertools
 import os
 import time
 from dataclasses import dataclass, field
+
+from .backends.base import CALLER
 
 METHODS = ("clone", "server_copy", "inter_server_copy", "stream")
 OFFLOADS = METHODS[:-1]  # the methods whose bytes the daemon never reads nor writes
@@ -14,8 +19,9 @@ OFFLOADS = METHODS[:-1]  # the methods whose bytes the daemon never reads nor wr
 
 @dataclass(slots=True)
 class Copy:
-    """One copy request in flight; ``method`` is the method moving its bytes now."""
+    """One copy request in flight, made for ``uid``; ``method`` is the method moving its bytes now."""
     id: int
+    uid: int
     source: str
     destination: str
     bytes_total: int
@@ -29,6 +35,7 @@ class Stats:
     def __init__(self, mountpoint, sources):
         self.mountpoint = mountpoint
         self.sources = sources
+        self.owner = os.getuid()  # the daemon runs as whoever mounted (fuse/mount.py: user_id=)
         self.since = time.time()
         self.copies = dict.fromkeys(METHODS, 0)
         self.copy_bytes = dict.fromkeys(METHODS, 0)
@@ -59,8 +66,10 @@ class Stats:
         self._ids = itertools.count(1)
 
     def start_copy(self, source, destination, total):
+        """A copy for the user the request acts for (CALLER: the opener of the destination, or the
+        writer whose recognised copy is committed)."""
         self.copy_requests += 1
-        copy = Copy(next(self._ids), source, destination, total, started=time.time())
+        copy = Copy(next(self._ids), CALLER.get().uid, source, destination, total, started=time.time())
         self.in_flight[copy.id] = copy
         return copy
 
@@ -86,19 +95,21 @@ class Stats:
         if failed:
             self.copy_errors += 1
 
-    def snapshot(self, backends=()):
-        """``backends``: their counters() join the mount's, added up over sources of one kind."""
+    def snapshot(self, backends=(), uid=0):
+        """``backends``: their counters() join the mount's, added up over sources of one kind.  For
+        ``uid``: but for root and the mount's owner, only that user's copies in flight."""
         now = time.time()
+        everyone = uid in (0, self.owner)
         return {
             "pid": os.getpid(),
             "mountpoint": self.mountpoint,
             "sources": self.sources,
             "since": self.since,
             "copies_in_flight": [
-                {"id": c.id, "method": c.method, "source": c.source, "destination": c.destination,
+                {"id": c.id, "uid": c.uid, "method": c.method, "source": c.source, "destination": c.destination,
                  "bytes_done": c.bytes_done, "bytes_total": c.bytes_total, "started": c.started,
                  **progress(c.bytes_done, c.bytes_total, c.started, now)}
-                for c in self.in_flight.values()],
+                for c in self.in_flight.values() if everyone or c.uid == uid],
             "counters": {
                 "copies": dict(self.copies),
                 "copy_bytes": dict(self.copy_bytes),

@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from offloadfs.backends.base import Backend, NotSupported, Stat
+from offloadfs.backends.base import CALLER, Backend, Caller, NotSupported, Stat
 from offloadfs.planner import Endpoint, Planner
 from offloadfs import recognise
 from offloadfs.recognise import CUT_AT, MAX_CHUNK, Recogniser, Served
@@ -36,6 +36,7 @@ class Server(Backend):
         self.reads_change_version = False
         self.after_read = None  # called after each read: another client's doing
         self.after_clone = None  # called after each clone, with its source: another client's doing
+        self.cloned_for = []  # the uid each clone was sent as
         self.clone_marks_source = False  # xfs: a first clone moves the source's ctime and change attribute
 
     async def open(self, node, flags):
@@ -79,6 +80,7 @@ class Server(Backend):
         if src_off + length < len(src):
             length -= length % self.clone_align
         n = self._put(dst, dst_off, src[src_off:src_off + length])
+        self.cloned_for.append(CALLER.get().uid)
         if self.clone_marks_source and not src.shared:
             src.shared = True
             src.changes += 1
@@ -105,9 +107,10 @@ class Mount:
         self.files[inode.key] = inode
         return inode
 
-    def handle(self, name):
+    def handle(self, name, uid=0):
+        """A file opened by ``uid`` (as filesystem.Handle, which knows who opened it)."""
         inode = self.inode(name, File())
-        return SimpleNamespace(inode=inode, file=inode.node)
+        return SimpleNamespace(inode=inode, file=inode.node, caller=Caller(uid, uid))
 
     async def send(self, h, offset, data):
         await self.server.write(h.file, offset, data)
@@ -115,12 +118,14 @@ class Mount:
     async def drain(self, inode):
         pass
 
-    async def serve(self, offset=0, size=None, st=None):
-        """A READ as filesystem.py serves it; ``st``: the attributes it knows (cached), else asked now."""
+    async def serve(self, offset=0, size=None, st=None, uid=0):
+        """A READ as filesystem.py serves it, through a handle ``uid`` opened; ``st``: the attributes
+        it knows (cached), else asked now."""
         node = self.src.node
         size = len(node) if size is None else size
         st = await self.server.getattr(node) if st is None else st
-        return await self.rec.read(self.src, node, offset, size, st)
+        h = SimpleNamespace(inode=self.src, file=node, caller=Caller(uid, uid))
+        return await self.rec.read(h, offset, size, st)
 
     def counters(self):
         return self.stats.snapshot()["counters"]
@@ -256,7 +261,7 @@ async def test_a_file_opened_again_is_cut_again_from_its_first_write(monkeypatch
     await m.serve()
     h = m.handle("dst")
     await copy(m, h, os.urandom(3 << 20), BLOCK)
-    again = SimpleNamespace(inode=h.inode, file=h.file)
+    again = SimpleNamespace(inode=h.inode, file=h.file, caller=h.caller)
     for pos in range(0, len(copied), BLOCK):
         await m.rec.write(again, (3 << 20) + pos, copied[pos:pos + BLOCK])
     await m.rec.commit(h.inode)
@@ -339,15 +344,15 @@ def test_a_gap_the_replies_in_flight_do_not_fill_is_passed():
     f = (0, "f")
     for pos in range(0, len(BIG), BLOCK):
         if pos != 4 * BLOCK:
-            s.add(f, (), pos, BIG[pos:pos + BLOCK], eof=pos + BLOCK >= len(BIG))
+            s.add(0, f, (), pos, BIG[pos:pos + BLOCK], eof=pos + BLOCK >= len(BIG))
     assert max(c.offset + c.length for c in s.by_digest.values()) == len(BIG)
 
 
 def test_data_served_as_of_two_versions_is_never_one_chunk():
     s = Served()
     f = (0, "f")
-    s.add(f, ("v1",), 0, BIG[:1000], eof=False)
-    s.add(f, ("v2",), 1000, BIG[1000:], eof=True)
+    s.add(0, f, ("v1",), 0, BIG[:1000], eof=False)
+    s.add(0, f, ("v2",), 1000, BIG[1000:], eof=True)
     assert s.by_digest and all(c.version == ("v2",) and c.offset >= 1000 for c in s.by_digest.values())
 
 
@@ -538,7 +543,7 @@ async def test_commits_cut_short_by_the_bound_end_where_the_next_can_begin_a_clo
 async def test_a_file_is_no_source_for_itself():
     m = Mount(DATA)
     await m.serve()
-    h = SimpleNamespace(inode=m.src, file=m.src.node)
+    h = SimpleNamespace(inode=m.src, file=m.src.node, caller=Caller(0, 0))
     await m.rec.write(h, 0, DATA[:BLOCK])
     await m.rec.commit(m.src)
     assert m.server.sent == BLOCK and m.counters()["recognised_bytes"] == 0
@@ -569,25 +574,25 @@ def test_a_write_still_on_its_way_lands_before_a_copy_over_it():
 def test_served_cuts_where_the_data_ends_only_at_the_end_of_the_file():
     s = Served()
     f = (0, "f")
-    s.add(f, (), 0, BIG[:CUT_AT + 10], eof=False)
+    s.add(0, f, (), 0, BIG[:CUT_AT + 10], eof=False)
     assert s.by_digest and max(c.offset + c.length for c in s.by_digest.values()) < CUT_AT + 10
-    s.add(f, (), CUT_AT + 10, BIG[CUT_AT + 10:CUT_AT + 20], eof=True)
+    s.add(0, f, (), CUT_AT + 10, BIG[CUT_AT + 10:CUT_AT + 20], eof=True)
     assert max(c.offset + c.length for c in s.by_digest.values()) == CUT_AT + 20
 
 
 def test_served_forgets_the_oldest_past_its_limit():
     s = Served(limit=2)
     for i in range(3):
-        s.add((0, i), (), 0, bytes([i]) * 4096, eof=True)
-    assert ((0, 0), 0) not in s.at and len(s.by_digest) == 2
+        s.add(0, (0, i), (), 0, bytes([i]) * 4096, eof=True)
+    assert (0, (0, 0), 0) not in s.at and len(s.by_digest) == 2
 
 
 def test_served_bounds_the_places_of_bytes_served_many_times():
     """Zeros read from many files share one digest: their places must not grow without end."""
     s = Served(limit=2)
     for i in range(10):
-        s.add((0, i), (), 0, bytes(4096), eof=True)
-    assert len(s.by_digest) == 1 and len(s.at) == 4 and ((0, 9), 0) in s.at
+        s.add(0, (0, i), (), 0, bytes(4096), eof=True)
+    assert len(s.by_digest) == 1 and len(s.at) == 4 and (0, (0, 9), 0) in s.at
 
 
 async def test_a_commit_during_a_write_waits_for_what_the_write_holds():
@@ -620,12 +625,12 @@ def test_chunks_of_a_version_the_file_has_since_left_are_not_found():
     from one would only be written after all when the version is checked at the commit."""
     s = Served()
     f = (0, "f")
-    s.add(f, ("v1",), 0, BIG, eof=True)
+    s.add(0, f, ("v1",), 0, BIG, eof=True)
     old = min((c for c in s.by_digest.values()), key=lambda c: c.offset)
     piece = BIG[old.offset:old.offset + old.length]
-    assert s.find(piece, offset=old.offset) is old
-    s.add(f, ("v2",), 12_345, BIG[12_345:], eof=True)
-    found = s.find(piece, offset=old.offset)
+    assert s.find(0, piece, offset=old.offset) is old
+    s.add(0, f, ("v2",), 12_345, BIG[12_345:], eof=True)
+    found = s.find(0, piece, offset=old.offset)
     assert found is None or found.version == ("v2",)
 
 
@@ -636,12 +641,12 @@ def test_a_chunk_served_again_after_its_bytes_were_forgotten_is_found():
     s = Served(limit=2)
     zeros = bytes(4096)
     for name in ("a", "b"):
-        s.add((0, name), (), 0, zeros, eof=True)
+        s.add(0, (0, name), (), 0, zeros, eof=True)
     for name in ("g", "h"):
-        s.add((0, name), (), 0, name.encode() * 4096, eof=True)
-    assert s.find(zeros, offset=0) is None  # forgotten
-    s.add((0, "a"), (), 0, zeros, eof=True)
-    assert s.find(zeros, offset=0) is not None
+        s.add(0, (0, name), (), 0, name.encode() * 4096, eof=True)
+    assert s.find(0, zeros, offset=0) is None  # forgotten
+    s.add(0, (0, "a"), (), 0, zeros, eof=True)
+    assert s.find(0, zeros, offset=0) is not None
 
 
 async def test_a_write_that_only_grows_the_window_is_taken_at_once():
@@ -757,3 +762,57 @@ async def test_where_reading_back_costs_as_much_as_writing_the_held_bytes_are_wr
     c = m.counters()
     assert c["recognised_unchecked"] == c["recognised_written"] == len(BIG)
     assert sum(c["recognised_committed"].values()) == 0
+
+
+async def test_data_served_to_one_user_is_no_copy_in_another_users_writes():
+    """Under allow_other: root reads a file only it may read, another user writes a guess of its bytes.
+    Were the guess recognised, recognised_bytes would tell them it was right."""
+    m = Mount(DATA)
+    await m.serve(uid=0)
+    h = m.handle("guess", uid=65534)
+    await copy(m, h, DATA, BLOCK)
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == DATA and m.server.sent == len(DATA)
+    assert m.counters()["recognised_bytes"] == 0
+    await m.serve(uid=65534)  # read by that user: now theirs to copy
+    h = m.handle("copy", uid=65534)
+    await copy(m, h, DATA, BLOCK)
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == DATA and m.counters()["recognised_bytes"] == len(DATA)
+
+
+def test_bytes_served_to_two_users_are_found_for_each_and_no_other():
+    s = Served()
+    for uid in (0, 1000):
+        s.add(uid, (0, "f"), (), 0, DATA, eof=True)
+    chunk = next(c for c in s.by_digest.values() if c.offset == 0)
+    piece = DATA[:chunk.length]
+    assert s.find(0, piece, offset=0).uid == 0 and s.find(1000, piece, offset=0).uid == 1000
+    assert s.find(65534, piece, offset=0) is None
+
+
+async def test_a_commit_acts_for_whoever_wrote_the_data():
+    """A commit may be made by another user's request (a read of the file, a write past the bound):
+    its requests go as the writer, and its copy in flight is the writer's in `offloadfs status`."""
+    m = Mount(DATA)
+    await m.serve(uid=1000)
+    h = m.handle("dst", uid=1000)
+    await copy(m, h, DATA, BLOCK)
+    token = CALLER.set(Caller(4242, 4242))
+    try:
+        await m.rec.commit(h.inode)
+        assert CALLER.get().uid == 4242  # and the request that made the commit goes on as its own
+    finally:
+        CALLER.reset(token)
+    assert bytes(h.file) == DATA and m.server.cloned_for == [1000]
+
+
+def test_bytes_served_only_to_another_user_are_not_even_hashed(monkeypatch):
+    """Hashing a chunk takes time a writer could measure: bytes served only to others are passed
+    over as fresh data is."""
+    s = Served()
+    s.add(0, (0, "f"), (), 0, DATA, eof=True)
+    chunk = next(c for c in s.by_digest.values() if c.offset == 0)
+    hashed = []
+    monkeypatch.setattr(recognise, "digest", lambda data: hashed.append(len(data)) or b"")
+    assert s.find(65534, DATA[:chunk.length], offset=0) is None and not hashed
