@@ -91,7 +91,8 @@ def digests(path):
 
 
 def run(mount, link, store, tool, serial, wanted):
-    """(seconds, bytes sent up, bytes received, recognised bytes, right) of one tool in a fresh mount;
+    """(seconds, bytes sent up, bytes received, recognised bytes, of those read back, right) of one tool
+    in a fresh mount;
     ``wanted``: the digests of its source."""
     fn, source = TOOLS[tool]
     name = f"copy-{serial}"
@@ -101,14 +102,16 @@ def run(mount, link, store, tool, serial, wanted):
         fn(mnt, mnt / name)
         seconds = time.monotonic() - start
         after = link.counters()
-        recognised = status(mnt)["counters"].get("recognised_bytes", 0)
+        counters = status(mnt)["counters"]
     right = digests(store / name) == wanted
     (shutil.rmtree if (store / name).is_dir() else os.unlink)(store / name)
-    return seconds, after.tx - before.tx, after.rx - before.rx, recognised, right
+    return (seconds, after.tx - before.tx, after.rx - before.rx, counters.get("recognised_bytes", 0),
+            counters.get("recognised_verified", 0), right)
 
 
 def measure(place, mount_of, link, store):
-    """Rows (place, tool, mode, seconds, up, down, recognised, right) of every tool through every mode."""
+    """Rows (place, tool, mode, seconds, up, down, recognised, read back, right) of every tool through
+    every mode."""
     rows, serial = [], 0
     for tool, (_, source) in TOOLS.items():
         wanted = digests(store / source)  # once, not for each run: on the nfsd guest each read back is slow
@@ -147,12 +150,12 @@ def table(rows):
     """Lines: each run, its time and bytes up, and both beside the default mount's run of the same tool."""
     base = {(place, tool): (seconds, up) for place, tool, mode, seconds, up, *_ in rows if mode == "default"}
     lines = [f"  {'place':9} {'tool':16} {'mount':18} {'seconds':>8} {'up':>10} {'down':>10} {'recognised':>10} "
-             f"{'time/default':>12} {'up/default':>10}"]
-    for place, tool, mode, seconds, up, down, recognised, right in rows:
+             f"{'read back':>10} {'time/default':>12} {'up/default':>10}"]
+    for place, tool, mode, seconds, up, down, recognised, read_back, right in rows:
         base_s, base_up = base[place, tool]
         up_ratio = f"{up / base_up:9.1f}x" if base_up else f"{'-':>10}"
         lines.append(f"  {place:9} {tool:16} {mode:18} {seconds:8.2f} {amount(up):>10} {amount(down):>10} "
-                     f"{amount(recognised):>10} {seconds / base_s:11.1f}x {up_ratio}"
+                     f"{amount(recognised):>10} {amount(read_back):>10} {seconds / base_s:11.1f}x {up_ratio}"
                      f"{'' if right else '  WRONG DATA'}")
     return lines
 

@@ -123,12 +123,15 @@ class Planner:
         offload that is then read back (recognise.py), rather than writing the bytes held for it.
         On a link faster down than up (the lab's 1 Gbit/50 Mbit), reading back costs a fraction
         of writing; on a symmetric one as much, and the offload and the comparison come on top:
-        there the bytes are written.  Unmeasured, it is tried, and the reading measured."""
+        there the bytes are written.  None where writing has not been measured (the caller
+        measures it); reading unmeasured, it is tried, and so measured."""
         if self.always:
             return True
-        read = self.costs.predict(id(backend), "read", length)
         write = self.costs.predict(id(backend), "write", length)
-        return read is None or write is None or read < write * VERIFY_SHARE
+        if write is None:
+            return None
+        read = self.costs.predict(id(backend), "read", length)
+        return read is None or read < write * VERIFY_SHARE
 
     async def copy(self, src: Endpoint, off_in, dst: Endpoint, off_out, length, stats=None):
         """Copy up to ``length`` bytes; returns the count, short at the source's EOF or where a

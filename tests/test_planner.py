@@ -600,9 +600,11 @@ def test_a_fault_in_watching_a_copy_leaves_it_running_unwatched(caplog):
 
 async def test_a_recognised_copy_is_read_back_only_where_reading_costs_less_than_writing():
     """Planner.verify_pays: the lab's asymmetric link (reads 20x faster) reads back; a symmetric
-    one writes; unmeasured, it reads back (and learns); offload=always always does."""
+    one writes; writing unmeasured: None (the caller measures it); reading unmeasured, it reads
+    back (and so measures it); offload=always always reads back."""
     backend = object()
-    for always, read, write, pays in [(False, None, None, True), (False, 0.004, 0.08, True),
+    for always, read, write, pays in [(False, None, None, None), (False, 0.004, None, None),
+                                      (False, None, 0.08, True), (False, 0.004, 0.08, True),
                                       (False, 0.07, 0.08, False), (True, 0.07, 0.07, True)]:
         p = Planner(Stats("/mnt", {}), always=always)
         for op, seconds in (("read", read), ("write", write)):
