@@ -165,7 +165,8 @@ def test_a_file_restored_while_we_were_away_never_gets_our_writes(kind, how, lab
     victim, backup = path / "victim", path / "backup"
     first, second, third = (os.urandom(PIECE) for _ in range(3))
     (mountpoint / "victim").write_bytes(first)  # made through SMB: Samba keeps its creation time in DOSATTRIB
-    before = identity(smb, kind, victim)  # asked before our handle opens: it would break its oplock
+    smb.wait_closed(victim)  # else our open below shares the file, and gets no durable handle
+    before = identity(smb, kind, victim)  # asked before our handle opens, which it could make share the file
     backup.mkdir()
     sh("cp", "-a", victim, backup / "victim")
     fd = os.open(mountpoint / "victim", os.O_RDWR)
@@ -173,7 +174,6 @@ def test_a_file_restored_while_we_were_away_never_gets_our_writes(kind, how, lab
     try:
         os.pwrite(fd, second, PIECE)
         os.fsync(fd)
-
         outage(how, [victim], lambda: restore(victim, backup / "victim"))
         failed += errors_of(lambda: os.pwrite(fd, third, 2 * PIECE), lambda: os.fsync(fd))
     finally:
