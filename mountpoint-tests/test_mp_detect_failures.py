@@ -3,19 +3,21 @@
 A tool that copies with read()+write() has its writes held while the daemon recognises them as data it
 served; they are committed as a server-side copy at close() or fsync(). Every way that commit can go wrong
 must still leave the destination holding exactly the bytes written: the source rewritten or removed on
-the server before the commit, the daemon killed right after close() returned, smbd restarted between the writes and
-the close, and a stat or a second open while the bytes are held. Each test first checks that its writes
-were recognised (else it would test plain writes) and then compares the destination byte for byte, on
-the server's disk (mnt.backing), not through the mount.
+the server before the commit, the daemon killed right after close() returned, the connection broken between
+the writes and the close, and a stat or a second open while the bytes are held. Each test first checks that
+its writes were recognised (else it would test plain writes) and then compares the destination byte for byte,
+on the server's disk (mnt.backing), not through the mount. Where the destination's own handle is lost (smbd
+restarted), close() fails with EIO instead.
 """
 
 import contextlib
+import errno
 import os
 import signal
 import time
 
 import pytest
-from mpkit import MiB, assert_same, gone
+from mpkit import MiB, assert_same, gone, sh
 
 from offloadfs.backends.smb.client import RECONNECT_DELAY_MAX
 from offloadfs.recognise import CUT_AT
@@ -117,12 +119,23 @@ def wait_usable(mnt):
         time.sleep(0.2)
 
 
-def test_a_commit_after_smbd_restarted_writes_what_was_held(smb, mount_on):
-    """smbd is killed and started again between the writes and the close: the handles and the server's
-    state the copy would use are gone, and close() still leaves every held byte on the server."""
+def test_a_commit_after_a_durable_reconnect_writes_what_was_held(smb, mount_on):
+    """The connection breaks between the writes and the close (smbd keeps the durable handles): the
+    server's state the copy would use is gone with it, and close() still leaves every held byte on the
+    server, through the destination's handle reconnected."""
+    mnt = mount_on("smb-ext4-durable", HOLD)
+    with held_copy(mnt):
+        sh("ss", "-K", "dst", smb.lab.server.host, "dport", "=", "445")
+
+
+def test_a_commit_after_smbd_restarted_fails(smb, mount_on):
+    """smbd is killed and started again between the writes and the close: no durable handle outlives
+    it, so the destination's handle is lost, and close() fails with EIO rather than write the held
+    bytes into whatever the name leads to now (test_mp_restore)."""
     mnt = mount_on("smb-ext4", HOLD)
     server = smb.lab.server
-    with held_copy(mnt):
+    with pytest.raises(OSError) as failed, held_copy(mnt):
         server.kill()
         server.start()
         wait_usable(mnt)
+    assert failed.value.errno == errno.EIO

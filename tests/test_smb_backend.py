@@ -600,12 +600,20 @@ async def test_reconnect_after_server_restart(lab, connect):
             await trio.to_thread.run_sync(server.start)  # the later tests need it, whatever happened here
         # Sent before the client saw the socket close, or after: either way the error names the server.
         assert e.value.errno == errno.EIO and server.host in str(e.value), e.value
-        # The dead connection is noticed, a new one made, the handle reopened by path.
-        assert await b.write(f, 7, b"after") == 5
-        assert bytes(await b.read(f, 0, 100)) == b"before after"
+        # The dead connection is noticed and a new one made.  No durable handle outlives smbd, and
+        # nothing else proves that the name still leads to the file as we left it: the handle is lost.
+        for use in (lambda: b.write(f, 7, b"after"), lambda: b.read(f, 0, 100), lambda: b.fsync(f, False),
+                    lambda: b.flush(f)):
+            with pytest.raises(OSError) as e:
+                await use()
+            assert e.value.errno == errno.EIO and "lost in a reconnect" in str(e.value), e.value
         assert b.client.generation == generation + 1
         assert (await b.getattr(d)).ino == d.ino
+        assert (await b.getattr(node)).size == 7  # by name: the lost handle is not the stat's to fail
         await b.release(f)
+        g = await b.open(node, RW)  # a new open is the program's own choice, and works
+        assert await b.write(g, 7, b"after") == 5
+        await b.release(g)
         assert (path / "f").read_bytes() == b"before after"
 
 

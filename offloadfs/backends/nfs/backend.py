@@ -172,6 +172,12 @@ class NFSBackend(Backend):
                 await self._open_state(file)
 
     async def _open_state(self, file):
+        """Open ``file`` again by its filehandle, once the server lost its state and did not give it
+        back (no grace period, or a lease expired or revoked).  The filehandle proves the file is
+        ours, where SMB's file id does not: Linux nfsd's and ganesha's (FSAL VFS) carry the inode's
+        generation beside its number (xfs_fs_encode_fh), so a file removed and restored from backup
+        under the old inode number is another filehandle, and the old one is refused, STALE
+        (test_mp_restore)."""
         generation = self.client.generation
         [_, opened] = await self._call([ops.PutFH(file.node.fh), ops.Open(file.access, file.owner, 0)])
         file.stateid, file.generation = opened.stateid, generation

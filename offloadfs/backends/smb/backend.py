@@ -80,13 +80,13 @@ class Node:
 
 
 class File:
-    """An open handle; after a reconnect, reconnected if durable, else reopened by path if that is still the file.
+    """An open handle; after a reconnect, kept only if the server reconnects its durable handle (see _reopen).
 
-    ``born``: the file's creation time, which with the node's file id tells it from a file that replaced it;
     ``create_guid``: names the durable handle the server granted (None: not durable); ``lost``: why it could
-    not be reopened, after which every use fails; ``attributes``: what the open found, until opened() takes them.
+    not be reconnected, after which every use fails; ``attributes``: what the open found, until opened() takes
+    them.
     """
-    __slots__ = ("backend", "node", "access", "file_id", "generation", "born", "create_guid", "lost", "sparse",
+    __slots__ = ("backend", "node", "access", "file_id", "generation", "create_guid", "lost", "sparse",
                  "resume_key", "key_generation", "attributes")
 
     def __init__(self, backend, node, access, file_id, generation):
@@ -95,7 +95,6 @@ class File:
         self.access = access
         self.file_id = file_id
         self.generation = generation
-        self.born = None  # set once the open's attributes are in
         self.create_guid = None
         self.lost = None
         self.sparse = False
@@ -157,7 +156,7 @@ class SMBBackend(Capabilities, Backend):
         return [body for _, body in results]
 
     async def _handle(self, file):
-        """The file id of ``file`` on the current connection, reopening it after a reconnect."""
+        """The file id of ``file`` on the current connection, its durable handle reconnected after a reconnect."""
         if file.lost:
             raise OSError(errno.EIO, file.lost)
         await self.client.tree_id(self.share)
@@ -170,37 +169,33 @@ class SMBBackend(Capabilities, Backend):
         return file.file_id
 
     async def _reopen(self, file):
-        """Reconnect ``file``'s durable handle, else open its path again; keep it only if it is the file we had.
+        """Reconnect ``file``'s durable handle; failing that, the handle is lost for good (EIO).
 
-        Another client may have renamed our file and made a new one under its
-        name while we were away: writes through a handle to that one would land
-        in someone else's file, so the handle is lost instead (EIO for good).
-        Samba refuses a durable reconnect then too, and whenever the handle is
-        no longer durable (its oplock broken, smbd restarted).
+        Only the server can vouch that a file is the one we had, as we left it.
+        While we were away the file may have been removed and restored from a
+        backup: on xfs the new file gets the old inode number (Samba's file id),
+        and `cp -a` keeps user.DOSATTRIB, where Samba keeps the creation time, so
+        nothing a reopen by name could compare tells the two apart, and Samba's
+        mtime and ctime can be frozen or put back.  Writes through such a reopen
+        landed in the backup and said nothing of the bytes written before.  A
+        durable reconnect is checked by Samba itself: it compares the file's
+        device, inode, size, times and ctime (which no restore can put back) with
+        what they were when our connection went (vfs_default_durable_reconnect),
+        and refuses it after any other open (the batch oplock broken), or once
+        smbd restarted.  Read-only handles follow the same rule: nothing exact
+        tells a reader that the file still holds what it read.
         """
         generation = self.client.generation
-        path = file.node.path
-        options = 0 if file.node.is_dir else m.NON_DIRECTORY_FILE
+        where = file.node.path or "a removed file"
+        if file.create_guid is None:
+            file.lost = f"{where}: lost in a reconnect (the server kept no durable handle)"
+            raise OSError(errno.EIO, file.lost)
         try:
-            new = None
-            if file.create_guid is not None:
-                try:
-                    new, a = await self._open(file.node, _path(file.node), file.access, m.OPEN, options, file)
-                except ConnectionLost:
-                    raise
-                except OSError:
-                    pass  # no longer durable: open the name again
-            if new is None:
-                new, a = await self._open(file.node, _path(file.node), file.access, m.OPEN, options)
-                # Checked only here: the server vouches for a durable handle it reconnects.
-                if (a.file_id, a.btime_ns) != (file.node.ino, file.born):
-                    await self.release(new)
-                    file.lost = f"{path}: lost in a reconnect; the name now belongs to another file"
-                    raise OSError(errno.EIO, file.lost)
+            new, _ = await self._open(file.node, _path(file.node), file.access, m.OPEN, m.NON_DIRECTORY_FILE, file)
         except ConnectionLost:
             raise
         except OSError as e:
-            file.lost = file.lost or f"{path or 'a removed file'}: lost in a reconnect and cannot be reopened: {e.strerror}"
+            file.lost = f"{where}: lost in a reconnect (the server refused its durable handle: {e.strerror})"
             raise OSError(errno.EIO, file.lost) from None
         file.file_id, file.create_guid = new.file_id, new.create_guid
         file.generation = generation
@@ -437,13 +432,15 @@ class SMBBackend(Capabilities, Backend):
     async def _borrowing(file, node, files, use):
         """``use`` each of ``files``; the last result, or None if none took it.  Handles borrowed
         from the node (no ``file`` given) may be released while we use them (the kernel does not
-        wait for a release): one closed meanwhile is passed over, and the caller goes another way."""
+        wait for a release), or be lost in a reconnect: one closed meanwhile or lost is passed
+        over, and the caller goes another way (a stat of the name, say, is not the lost handle's
+        to fail)."""
         result = None
         for f in files:
             try:
                 result = await use(f)
             except OSError as e:
-                if file is not None or e.errno != errno.EBADF or f in node.files:
+                if file is not None or f.lost is None and (e.errno != errno.EBADF or f in node.files):
                     raise
         return result
 
@@ -613,7 +610,6 @@ class SMBBackend(Capabilities, Backend):
             except (OSError, wire.WireError):
                 await self.release(file)
                 raise
-        file.born = a.btime_ns
         return file, a
 
     async def read(self, file, offset, size):
@@ -661,6 +657,13 @@ class SMBBackend(Capabilities, Backend):
         await together([functools.partial(piece, start, min(start + step, len(view)))
                         for start in range(0, len(view), step)])
         return len(view)
+
+    async def flush(self, file):
+        """close(2) of a handle open for writing fails with EIO once the handle is lost in a reconnect,
+        as its writes and fsync do: what it wrote before may be gone.  After a reconnect not yet seen
+        by this handle, its durable handle is reconnected first; otherwise nothing is sent."""
+        if file.access & m.WRITE_DATA and (file.lost or file.generation != self.client.generation):
+            await self._handle(file)
 
     async def fsync(self, file, datasync):
         """A FLUSH needs a handle open for writing (else ACCESS_DENIED), and `sync FILE` fsyncs a

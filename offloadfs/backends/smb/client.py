@@ -20,12 +20,12 @@ served requests, else after a delay that doubles per failure (up to
 RECONNECT_DELAY_MAX; requests meanwhile wait for the next try if it is
 due within RETRY_WAIT, else fail at once).  Handles are then
 stale (``generation`` tells the backend so): durable ones are reconnected,
-others reopened by path.  Each connection has an oplocks.Listener for the
+others lost (EIO).  Each connection has an oplocks.Listener for the
 oplock breaks that durable handles bring.  Each has a client GUID of its
 own: Samba hands a new connection with a known GUID to the process that
 served the old one, which may be the hung one we left, and it does not ask
-for the old GUID on a durable reconnect (MS-SMB2 servers that do refuse it;
-the backend then reopens by path).
+for the old GUID on a durable reconnect (MS-SMB2 servers that do refuse it,
+and the handles are lost).
 """
 import logging
 import socket
