@@ -12,7 +12,11 @@ files hold.  A file whose written data long matched nothing served is written
 uncut, but for a probe now and then (FRESH_RUN).  The source must be as it was
 when served (size, times, change attribute, file number), checked before and
 after the copy; anything else, and any failure, writes the held bytes instead,
-so nothing written is lost.
+so nothing written is lost.  Those attributes prove it only where they move with
+every change (``exact_version``: a change attribute that counts, a fine-grained
+ctime); from any other source (SMB) the copy is read back and compared with the
+held bytes, and data found there is held only where that costs less than
+writing it (``_worth_holding``).
 
 The cuts are content-defined (FastCDC): where a chunk ends depends on the bytes
 around it, not on its offset, so the same data cuts the same in the file read
