@@ -491,16 +491,21 @@ class Filesystem(Operations):
         return self._attr(inode, st), self._ttl(inode)
 
     async def _killed_mode(self, inode, file):
-        """The mode with setuid and group-executable setgid cleared, or None if nothing to clear."""
+        """The mode with setuid and group-executable setgid cleared, or None if nothing to clear,
+        or if the server clears them itself (Backend.clears_setid_on_write)."""
+        if inode.source.backend.clears_setid_on_write:
+            return None
         mode = (await inode.source.backend.getattr(inode.node, file)).mode
         kill = stat.S_ISUID | (stat.S_ISGID if mode & stat.S_IXGRP else 0)
         return stat.S_IMODE(mode & ~kill) if mode & kill else None
 
     async def _kill_suidgid(self, inode, file):
+        """A write or truncate by a user who may not keep setuid/setgid (HANDLE_KILLPRIV_V2 leaves
+        clearing them to us): the mode we know goes, whoever clears them."""
         mode = await self._killed_mode(inode, file)
         if mode is not None:
             await inode.source.backend.setattr(inode.node, file, mode=mode)
-            self._stale(inode)
+        self._stale(inode)
 
     async def readlink(self, ctx, nodeid):
         inode = self._dir(nodeid)

@@ -136,6 +136,10 @@ class Backend:
     # them, a filesystem shares them): only then do copies recognised in plain writes
     # (recognise.py) pay for hashing every byte read and written.
     offloads_spare_bytes = True
+    # Whether the server clears setuid and setgid itself when a user who may not keep them writes
+    # the file (NFS: the Linux client leaves that to the server); the daemon then does not, as its
+    # SETATTR would act for the writer, who may not chmod a file they do not own.
+    clears_setid_on_write = False
 
     def shares_server_with(self, other: "Backend") -> bool:
         """True if a server-side copy can run from this backend's files to ``other``'s."""

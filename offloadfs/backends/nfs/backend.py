@@ -97,6 +97,7 @@ def _access(flags):
 
 class NFSBackend(Backend):
     OPTIONS = url.OPTIONS
+    clears_setid_on_write = True  # as the Linux client has it; nfsd and ganesha do (test_mp_posix)
 
     def __init__(self, source_url, options):
         self.url = source_url

@@ -1,0 +1,70 @@
+"""POSIX rules that pjdfstest checks, from the defects it found (issue 33), on every place
+where they apply.
+
+- A write by a user who may not keep setuid/setgid (not root) clears them, and the mode says
+  so at once, through this mount and through another mount of the same directory.  On NFS the
+  server clears them (the writer may not chmod a file they do not own); locally the daemon does.
+  A truncate by them succeeds too.
+"""
+
+import os
+import stat
+import subprocess
+
+import pytest
+
+NOBODY = 65534
+
+
+def as_nobody(cwd, script):
+    """Run ``sh -c script`` in ``cwd`` as uid and gid 65534, with no other groups."""
+    return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                           "sh", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def second_mount(mnt, mount, options=()):
+    """Another mount of the directory ``mnt`` shows: another client of its server."""
+    return mount(next(iter(mnt.status()["sources"].values())), options).path
+
+
+def mode(path):
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+WRITES = {"rw": "printf x 1<>f", "append": "printf x >>f", "trunc": "printf x >f"}
+SETID_CASES = [(where, how) for where in ("local-ext4", "nfs-ganesha") for how in WRITES] + [("nfsd", "rw")]
+
+
+@pytest.mark.parametrize("where,how", SETID_CASES)
+def test_a_write_by_another_user_clears_setuid_and_setgid(where, how, mount_on, mount):
+    """`chmod 6777 f`, then uid 65534 writes it: the write succeeds, and the mode is 0777 at
+    once through this mount and a second one (pjdfstest chmod/12)."""
+    mnt = mount_on(where, ["allow_other"])
+    (mnt.path / "f").write_bytes(b"")
+    os.chmod(mnt.path / "f", 0o6777)
+    assert mode(mnt.path / "f") == 0o6777  # cached here, in the kernel and the daemon
+    done = as_nobody(mnt.path, WRITES[how])
+    assert done.returncode == 0, done.stderr
+    other = second_mount(mnt, mount)
+    for path in (mnt.path / "f", other / "f"):
+        assert mode(path) == 0o777, path
+        assert path.read_bytes() == b"x", path
+
+
+@pytest.mark.parametrize("where", ["local-ext4", "nfs-ganesha", "nfsd"])
+def test_a_truncate_by_another_user_succeeds(where, mount_on, mount):
+    """uid 65534 truncates a setuid file it may write: the truncate succeeds, and both mounts
+    show the mode the server keeps (locally, as the kernel does, without setuid and setgid; over
+    NFS whatever the server decides, as with the Linux client)."""
+    mnt = mount_on(where, ["allow_other"])
+    (mnt.path / "f").write_bytes(b"abc")
+    os.chmod(mnt.path / "f", 0o6777)
+    assert mode(mnt.path / "f") == 0o6777
+    done = as_nobody(mnt.path, "truncate -s 1 f")
+    assert done.returncode == 0, done.stderr
+    other = second_mount(mnt, mount)
+    assert mode(mnt.path / "f") == mode(other / "f") == stat.S_IMODE(os.stat(mnt.backing / "f").st_mode)
+    if where.startswith("local"):
+        assert mode(mnt.path / "f") == 0o777
+    assert (other / "f").read_bytes() == b"a"
+
