@@ -5,6 +5,7 @@ where they apply.
   so at once, through this mount and through another mount of the same directory.  On NFS the
   server clears them (the writer may not chmod a file they do not own); locally the daemon does.
   A truncate by them succeeds too.
+- A file unlinked while open has 0 links (fstat).
 """
 
 import os
@@ -68,3 +69,23 @@ def test_a_truncate_by_another_user_succeeds(where, mount_on, mount):
         assert mode(mnt.path / "f") == 0o777
     assert (other / "f").read_bytes() == b"a"
 
+
+@pytest.mark.parametrize("where", ["local-ext4", "smb-btrfs", "smb-xfs", "smb-ext4", "nfs-ganesha", "nfsd"])
+def test_an_open_file_unlinked_has_no_links_left(where, mount_on):
+    """fstat of an open file after unlink says 0 links (pjdfstest unlink/14), and 1 after its
+    other name goes first.  Samba keeps such a file delete-pending until it is closed."""
+    mnt = mount_on(where)
+    fd = os.open(mnt.path / "f", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"x")
+        os.link(mnt.path / "f", mnt.path / "g")
+        os.unlink(mnt.path / "g")
+        assert os.fstat(fd).st_nlink == 1
+        os.unlink(mnt.path / "f")
+        st = os.fstat(fd)
+        assert (st.st_nlink, st.st_size) == (0, 1)
+        assert os.pread(fd, 1, 0) == b"x"
+    finally:
+        os.close(fd)
+    mnt.settle(mnt.backing / "f")
+    assert not (mnt.backing / "f").exists()
