@@ -6,8 +6,11 @@ where they apply.
   server clears them (the writer may not chmod a file they do not own); locally the daemon does.
   A truncate by them succeeds too.
 - A file unlinked while open has 0 links (fstat).
+- The longest name a mount reports (statfs) is the longest it takes, at most 255 bytes, and a
+  longer name fails with ENAMETOOLONG before any request reaches the server.
 """
 
+import errno
 import os
 import stat
 import subprocess
@@ -89,3 +92,36 @@ def test_an_open_file_unlinked_has_no_links_left(where, mount_on):
         os.close(fd)
     mnt.settle(mnt.backing / "f")
     assert not (mnt.backing / "f").exists()
+
+
+@pytest.mark.parametrize("where", ["nfs-ganesha"])
+def test_the_longest_name_is_the_one_reported(where, mount_on):
+    """statfs's name length is what the server takes, 255 at most as with the Linux NFS client
+    (ganesha says 1024 while its xfs takes 255): tools trust it (pathconf).  A name of that
+    length works everywhere; one byte more fails with ENAMETOOLONG, without a request."""
+    mnt = mount_on(where)
+    longest = os.statvfs(mnt.path).f_namemax
+    assert longest == os.pathconf(mnt.path, "PC_NAME_MAX") == 255
+    a, b, c = ("a" * longest, "b" * longest, "c" * longest)
+    (mnt.path / a).write_bytes(b"x")
+    os.rename(mnt.path / a, mnt.path / b)
+    os.link(mnt.path / b, mnt.path / c)
+    os.symlink(b, mnt.path / a)
+    os.mkdir(mnt.path / ("d" * longest))
+    assert sorted(os.listdir(mnt.path)) == [a, b, c, "d" * longest]
+    assert os.stat(mnt.path / a).st_nlink == 2
+    assert os.listdir(mnt.backing) == os.listdir(mnt.path)
+    long = mnt.path / ("e" * (longest + 1))
+    before = mnt.counters()
+    for call in (lambda: os.stat(long), lambda: os.open(long, os.O_CREAT | os.O_WRONLY), lambda: os.mkdir(long),
+                 lambda: os.symlink(b, long)):
+        with pytest.raises(OSError) as e:
+            call()
+        assert e.value.errno == errno.ENAMETOOLONG
+    after = mnt.counters()  # the long name was never looked up at the server
+    assert (after["lookups"], after["listings"]) == (before["lookups"], before["listings"])
+    for call in (lambda: os.rename(mnt.path / b, long), lambda: os.link(mnt.path / b, long)):
+        with pytest.raises(OSError) as e:
+            call()
+        assert e.value.errno == errno.ENAMETOOLONG
+    assert sorted(os.listdir(mnt.backing)) == [a, b, c, "d" * longest]

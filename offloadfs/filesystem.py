@@ -114,11 +114,12 @@ class Fetching:
     failed: int | None = None  # the errno it failed with
 
 
-def check_name(name):
-    """The kernel never sends these, but a name must never reach a backend that could escape with it."""
+def check_name(name, longest=NAME_MAX):
+    """The kernel never sends these, but a name must never reach a backend that could escape with it.
+    A name longer than ``longest`` (the source's limit) fails here, without asking the server."""
     if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
         raise OSError(errno.EINVAL, "invalid name")
-    if len(name) > NAME_MAX:
+    if len(name) > longest:
         raise OSError(errno.ENAMETOOLONG, "name too long")
 
 
@@ -208,6 +209,11 @@ class Filesystem(Operations):
         if inode.source is None:
             raise OSError(errno.EPERM, "the root of a multi-source mount holds only the sources")
         return inode
+
+    def _name_max(self, nodeid):
+        """The longest name the source of directory ``nodeid`` takes (Backend.name_max)."""
+        inode = self.inodes.get(nodeid)
+        return NAME_MAX if inode is None or inode.source is None else inode.source.backend.name_max
 
     def _writable(self):
         if self.options.ro:
@@ -346,7 +352,7 @@ class Filesystem(Operations):
     # -- names ------------------------------------------------------------------
 
     async def lookup(self, ctx, parent, name):
-        check_name(name)
+        check_name(name, self._name_max(parent))
         inode = self._inode(parent)
         if inode.source is None:
             for src in self.sources:
@@ -513,7 +519,7 @@ class Filesystem(Operations):
 
     async def _make(self, parent, name, call, *args):
         self._writable()
-        check_name(name)
+        check_name(name, self._name_max(parent))
         dir = self._dir(parent)
         async with self._changing(dir):
             node, st = await call(dir.source.backend)(dir.node, name, *args)
@@ -550,7 +556,7 @@ class Filesystem(Operations):
 
     async def link(self, ctx, nodeid, newparent, newname):
         self._writable()
-        check_name(newname)
+        check_name(newname, self._name_max(newparent))
         inode = self._dir(nodeid)
         dir = self._dir(newparent)
         if dir.source is not inode.source:
@@ -561,7 +567,7 @@ class Filesystem(Operations):
 
     async def _remove(self, parent, name, rmdir):
         self._writable()
-        check_name(name)
+        check_name(name, self._name_max(parent))
         dir = self._dir(parent)
         backend = dir.source.backend
         await self._settle(self.dentries.get((dir.nodeid, name)))
@@ -579,8 +585,8 @@ class Filesystem(Operations):
 
     async def rename(self, ctx, parent, name, newparent, newname, flags):
         self._writable()
-        check_name(name)
-        check_name(newname)
+        check_name(name, self._name_max(parent))
+        check_name(newname, self._name_max(newparent))
         old, new = self._dir(parent), self._dir(newparent)
         if old.source is not new.source:
             raise OSError(errno.EXDEV, "rename across sources")  # mv then copies, through us
@@ -742,7 +748,7 @@ class Filesystem(Operations):
 
     async def create(self, ctx, parent, name, mode, flags):
         self._writable()
-        check_name(name)
+        check_name(name, self._name_max(parent))
         dir = self._dir(parent)
         async with self._changing(dir):
             flags = self._open_flags(flags)

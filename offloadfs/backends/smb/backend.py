@@ -317,6 +317,7 @@ class SMBBackend(Capabilities, Backend):
         fs = info.FileFsAttributeInformation.unpack(wire.QueryResponse.buffer(body))
         self.can_clone = bool(fs.attributes & info.FS_SUPPORTS_BLOCK_REFCOUNTING)
         self.namelen = fs.max_name_length or 255
+        self.name_max = min(self.namelen, self.name_max)  # counted in UTF-16 units: a name has as many bytes or more
         return self._node(path, a), self._stat(a)
 
     def _describe(self, e):
