@@ -36,14 +36,17 @@ def mode(path):
 
 
 WRITES = {"rw": "printf x 1<>f", "append": "printf x >>f", "trunc": "printf x >f"}
-SETID_CASES = [(where, how) for where in ("local-ext4", "nfs-ganesha") for how in WRITES] + [("nfsd", "rw")]
+SETID_CASES = [pytest.param(where, options, how, id="-".join([where, *options, how])) for where, options, how in (
+    [(where, [], how) for where in ("local-ext4", "nfs-ganesha") for how in WRITES]
+    + [("local-ext4", ["passthrough"], "rw"), ("local-ext4", ["passthrough"], "append"), ("nfsd", [], "rw")])]
 
 
-@pytest.mark.parametrize("where,how", SETID_CASES)
-def test_a_write_by_another_user_clears_setuid_and_setgid(where, how, mount_on, mount):
+@pytest.mark.parametrize("where,options,how", SETID_CASES)
+def test_a_write_by_another_user_clears_setuid_and_setgid(where, options, how, mount_on, mount):
     """`chmod 6777 f`, then uid 65534 writes it: the write succeeds, and the mode is 0777 at
-    once through this mount and a second one (pjdfstest chmod/12)."""
-    mnt = mount_on(where, ["allow_other"])
+    once through this mount and a second one (pjdfstest chmod/12).  With passthrough the kernel
+    would write the backing file as the daemon, root, who keeps them."""
+    mnt = mount_on(where, ["allow_other", *options])
     (mnt.path / "f").write_bytes(b"")
     os.chmod(mnt.path / "f", 0o6777)
     assert mode(mnt.path / "f") == 0o6777  # cached here, in the kernel and the daemon

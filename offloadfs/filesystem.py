@@ -123,6 +123,14 @@ def check_name(name, longest=NAME_MAX):
         raise OSError(errno.ENAMETOOLONG, "name too long")
 
 
+def _write_may_kill_setid(inode, flags):
+    """Whether a write through a handle of ``inode`` opened with ``flags`` may have to clear its
+    setuid or (group-executable) setgid bit, by the mode last known."""
+    mode = inode.stat.mode if inode.stat is not None else 0
+    setid = mode & stat.S_ISUID or (mode & stat.S_ISGID and mode & stat.S_IXGRP)
+    return bool(setid) and flags & os.O_ACCMODE != os.O_RDONLY
+
+
 class Filesystem(Operations):
     def __init__(self, sources, options: Options, stats):
         """``sources``: {name: backend}; one source is mounted at the root itself."""
@@ -631,10 +639,16 @@ class Filesystem(Operations):
         through it the kernel ends a WRITE at every page it fills in part (two for most writes of
         `tar x`, which writes 10 KiB records cut at 512-byte headers) and copies the data once
         more; around it, each write(2) is one WRITE, and the kernel drops the pages it had cached
-        over what was written (6.18), so other openers read what was written."""
+        over what was written (6.18), so other openers read what was written.
+
+        A file with setuid or setgid open for writing is not passed through: the kernel would
+        write the backing file as the daemon, root, and the bits would stay where a user's write
+        must clear them (_kill_suidgid does, for writes through us)."""
         fh = next(self._fhs)
         backend = inode.source.backend
-        backing = backend.backing_fd(file) if self.passthrough and isinstance(backend, Passthrough) else None
+        backing = None
+        if self.passthrough and isinstance(backend, Passthrough) and not _write_may_kill_setid(inode, flags):
+            backing = backend.backing_fd(file)
         append = backing is None and bool(flags & os.O_APPEND)
         write_only = backing is None and flags & os.O_ACCMODE == os.O_WRONLY  # never so with the writeback cache
         self.handles[fh] = Handle(inode, file, passthrough=backing is not None, append=append)
