@@ -26,9 +26,9 @@ def as_nobody(cwd, script):
                            "sh", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
-def second_mount(mnt, mount, options=()):
+def second_mount(mnt, mount):
     """Another mount of the directory ``mnt`` shows: another client of its server."""
-    return mount(next(iter(mnt.status()["sources"].values())), options).path
+    return mount(next(iter(mnt.status()["sources"].values()))).path
 
 
 def mode(path):
