@@ -119,12 +119,21 @@ class Fetching:
     failed: int | None = None  # the errno it failed with
 
 
-def check_name(name):
-    """The kernel never sends these, but a name must never reach a backend that could escape with it."""
+def check_name(name, longest=NAME_MAX):
+    """The kernel never sends these, but a name must never reach a backend that could escape with it.
+    A name longer than ``longest`` (the source's limit) fails here, without asking the server."""
     if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
         raise OSError(errno.EINVAL, "invalid name")
-    if len(name) > NAME_MAX:
+    if len(name) > longest:
         raise OSError(errno.ENAMETOOLONG, "name too long")
+
+
+def _write_may_kill_setid(inode, flags):
+    """Whether a write through a handle of ``inode`` opened with ``flags`` may have to clear its
+    setuid or (group-executable) setgid bit, by the mode last known."""
+    mode = inode.stat.mode if inode.stat is not None else 0
+    setid = mode & stat.S_ISUID or (mode & stat.S_ISGID and mode & stat.S_IXGRP)
+    return bool(setid) and flags & os.O_ACCMODE != os.O_RDONLY
 
 
 class Filesystem(Operations):
@@ -213,6 +222,11 @@ class Filesystem(Operations):
         if inode.source is None:
             raise OSError(errno.EPERM, "the root of a multi-source mount holds only the sources")
         return inode
+
+    def _name_max(self, nodeid):
+        """The longest name the source of directory ``nodeid`` takes (Backend.name_max)."""
+        inode = self.inodes.get(nodeid)
+        return NAME_MAX if inode is None or inode.source is None else inode.source.backend.name_max
 
     def _writable(self):
         if self.options.ro:
@@ -351,7 +365,7 @@ class Filesystem(Operations):
     # -- names ------------------------------------------------------------------
 
     async def lookup(self, ctx, parent, name):
-        check_name(name)
+        check_name(name, self._name_max(parent))
         inode = self._inode(parent)
         if inode.source is None:
             for src in self.sources:
@@ -496,16 +510,21 @@ class Filesystem(Operations):
         return self._attr(inode, st), self._ttl(inode)
 
     async def _killed_mode(self, inode, file):
-        """The mode with setuid and group-executable setgid cleared, or None if nothing to clear."""
+        """The mode with setuid and group-executable setgid cleared, or None if nothing to clear,
+        or if the server clears them itself (Backend.clears_setid_on_write)."""
+        if inode.source.backend.clears_setid_on_write:
+            return None
         mode = (await inode.source.backend.getattr(inode.node, file)).mode
         kill = stat.S_ISUID | (stat.S_ISGID if mode & stat.S_IXGRP else 0)
         return stat.S_IMODE(mode & ~kill) if mode & kill else None
 
     async def _kill_suidgid(self, inode, file):
+        """A write or truncate by a user who may not keep setuid/setgid (HANDLE_KILLPRIV_V2 leaves
+        clearing them to us): the mode we know goes, whoever clears them."""
         mode = await self._killed_mode(inode, file)
         if mode is not None:
             await inode.source.backend.setattr(inode.node, file, mode=mode)
-            self._stale(inode)
+        self._stale(inode)
 
     async def readlink(self, ctx, nodeid):
         inode = self._dir(nodeid)
@@ -513,7 +532,7 @@ class Filesystem(Operations):
 
     async def _make(self, parent, name, call, *args):
         self._writable()
-        check_name(name)
+        check_name(name, self._name_max(parent))
         dir = self._dir(parent)
         async with self._changing(dir):
             node, st = await call(dir.source.backend)(dir.node, name, *args)
@@ -550,7 +569,7 @@ class Filesystem(Operations):
 
     async def link(self, ctx, nodeid, newparent, newname):
         self._writable()
-        check_name(newname)
+        check_name(newname, self._name_max(newparent))
         inode = self._dir(nodeid)
         dir = self._dir(newparent)
         if dir.source is not inode.source:
@@ -561,7 +580,7 @@ class Filesystem(Operations):
 
     async def _remove(self, parent, name, rmdir):
         self._writable()
-        check_name(name)
+        check_name(name, self._name_max(parent))
         dir = self._dir(parent)
         backend = dir.source.backend
         await self._settle(self.dentries.get((dir.nodeid, name)))
@@ -579,8 +598,8 @@ class Filesystem(Operations):
 
     async def rename(self, ctx, parent, name, newparent, newname, flags):
         self._writable()
-        check_name(name)
-        check_name(newname)
+        check_name(name, self._name_max(parent))
+        check_name(newname, self._name_max(newparent))
         old, new = self._dir(parent), self._dir(newparent)
         if old.source is not new.source:
             raise OSError(errno.EXDEV, "rename across sources")  # mv then copies, through us
@@ -625,10 +644,16 @@ class Filesystem(Operations):
         through it the kernel ends a WRITE at every page it fills in part (two for most writes of
         `tar x`, which writes 10 KiB records cut at 512-byte headers) and copies the data once
         more; around it, each write(2) is one WRITE, and the kernel drops the pages it had cached
-        over what was written (6.18), so other openers read what was written."""
+        over what was written (6.18), so other openers read what was written.
+
+        A file with setuid or setgid open for writing is not passed through: the kernel would
+        write the backing file as the daemon, root, and the bits would stay where a user's write
+        must clear them (_kill_suidgid does, for writes through us)."""
         fh = next(self._fhs)
         backend = inode.source.backend
-        backing = backend.backing_fd(file) if self.passthrough and isinstance(backend, Passthrough) else None
+        backing = None
+        if self.passthrough and isinstance(backend, Passthrough) and not _write_may_kill_setid(inode, flags):
+            backing = backend.backing_fd(file)
         append = backing is None and bool(flags & os.O_APPEND)
         write_only = backing is None and flags & os.O_ACCMODE == os.O_WRONLY  # never so with the writeback cache
         self.handles[fh] = Handle(inode, file, passthrough=backing is not None, append=append, readable=readable)
@@ -743,7 +768,7 @@ class Filesystem(Operations):
 
     async def create(self, ctx, parent, name, mode, flags):
         self._writable()
-        check_name(name)
+        check_name(name, self._name_max(parent))
         dir = self._dir(parent)
         async with self._changing(dir):
             readable = flags & os.O_ACCMODE != os.O_WRONLY

@@ -142,6 +142,11 @@ class Backend:
     # file's write time; times can be put back), equal attributes prove nothing: cached pages are
     # not kept on open, and a recognised copy is read back before it counts (recognise.py).
     exact_version = False
+    # Whether the server clears setuid and setgid itself when a user who may not keep them writes
+    # the file (NFS: the Linux client leaves that to the server); the daemon then does not, as its
+    # SETATTR would act for the writer, who may not chmod a file they do not own.
+    clears_setid_on_write = False
+    name_max = 255  # the longest name in bytes the source takes; set by root() where it says less
 
     def shares_server_with(self, other: "Backend") -> bool:
         """True if a server-side copy can run from this backend's files to ``other``'s."""

@@ -119,7 +119,9 @@ class LocalBackend(Backend):
         self.path = os.path.abspath(source_path(url))
         self._root_fd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self._root_dev = os.fstat(self._root_fd).st_dev
-        self.clone_align = os.fstatvfs(self._root_fd).f_bsize  # FICLONERANGE: the filesystem's block
+        vfs = os.fstatvfs(self._root_fd)
+        self.clone_align = vfs.f_bsize  # FICLONERANGE: the filesystem's block
+        self.name_max = min(vfs.f_namemax, self.name_max)
         self.exact_version = _kernel_version() >= (6, 13) and _fs_type(self._root_fd) in EXACT_CTIME
         if not _clones(self._root_fd):
             self.clone_range = None  # the planner plans no clones here (a capability this backend lacks)

@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 IN_FLIGHT = 8  # READs or WRITEs of one call at once
 SPARSE_RECHECK = 1.0  # seconds a file is taken to be sparse, or not
 DIRTY_LIMIT = 64 << 20  # unstable bytes per file before a COMMIT
+# The longest name, whatever the server says (the Linux client's NFS4_MAXNAMLEN): ganesha says
+# 1024 for an xfs that takes 255, and the mount would pass that on.
+MAXNAMLEN = 255
 SYNC_COPY_LIMIT = 4 << 20  # larger copies run asynchronously
 COPY_PER_CALL = 16 << 20  # bytes one COPY asks for
 COPIES_IN_FLIGHT = 4  # COPYs of one server_copy call at once; the planner loops over calls (64 MiB),
@@ -97,6 +100,7 @@ def _access(flags):
 
 class NFSBackend(Backend):
     OPTIONS = url.OPTIONS
+    clears_setid_on_write = True  # as the Linux client has it; nfsd and ganesha do (test_mp_posix)
 
     def __init__(self, source_url, options):
         self.url = source_url
@@ -202,8 +206,8 @@ class NFSBackend(Backend):
             self.stat_attrs = attrs.STAT & self.supported
             try:
                 res = await self._call([ops.PutRootFH()] + [ops.Lookup(c) for c in self.path] + [
-                    ops.GetFH(), ops.GetAttr(self.stat_attrs | attrs.bits(attrs.CLONE_BLKSIZE, attrs.CHANGE_ATTR_TYPE)
-                                             & self.supported)])
+                    ops.GetFH(), ops.GetAttr(self.stat_attrs | attrs.bits(attrs.CLONE_BLKSIZE, attrs.CHANGE_ATTR_TYPE,
+                                                                          attrs.MAXNAME) & self.supported)])
             except NFSError as e:
                 if e.status in (errors.NOENT, errors.NOTDIR):
                     raise SourceError(f"{self.url}: no export or directory {where} on {self.settings.host}") from None
@@ -219,6 +223,7 @@ class NFSBackend(Backend):
         self.clone_blksize = values.get(attrs.CLONE_BLKSIZE, 0)
         self.exact_version = values.get(attrs.CHANGE_ATTR_TYPE) in attrs.EXACT_CHANGE
         log.info("%s: change attribute type %s", self.url, values.get(attrs.CHANGE_ATTR_TYPE, "not given"))
+        self.name_max = min(values.get(attrs.MAXNAME, MAXNAMLEN), MAXNAMLEN)
         return self._node_stat(fh, values)
 
     async def lookup(self, dir, name):
@@ -537,7 +542,7 @@ class NFSBackend(Backend):
         return FsStat(blocks=v.get(attrs.SPACE_TOTAL, 0) // frsize, bfree=v.get(attrs.SPACE_FREE, 0) // frsize,
                       bavail=v.get(attrs.SPACE_AVAIL, 0) // frsize, files=v.get(attrs.FILES_TOTAL, 0),
                       ffree=v.get(attrs.FILES_FREE, 0), bsize=self.client.wsize,
-                      namelen=v.get(attrs.MAXNAME, 255), frsize=frsize)
+                      namelen=min(v.get(attrs.MAXNAME, MAXNAMLEN), MAXNAMLEN), frsize=frsize)
 
     # NFSv4.2 extended attributes (RFC 8276) hold the user namespace only, named without "user.".
 

@@ -214,7 +214,9 @@ class SMBBackend(Capabilities, Backend):
             mode = stat.S_IFREG | self.target.file_mode
         if a.attributes & info.ATTR_READONLY:
             mode &= ~0o222
-        return Stat(ino=a.file_id, mode=mode, nlink=max(1, a.nlink), size=a.size, blocks=(a.allocation + 511) // 512,
+        # Samba counts a delete-pending name out already: 0 links for a file unlinked while open.
+        nlink = a.nlink if a.delete_pending else max(1, a.nlink)
+        return Stat(ino=a.file_id, mode=mode, nlink=nlink, size=a.size, blocks=(a.allocation + 511) // 512,
                     blksize=1 << 20, atime_ns=a.atime_ns, mtime_ns=a.mtime_ns, ctime_ns=ctime_ns)
 
     def _node(self, path, a: info.Attributes):
@@ -310,6 +312,7 @@ class SMBBackend(Capabilities, Backend):
         fs = info.FileFsAttributeInformation.unpack(wire.QueryResponse.buffer(body))
         self.can_clone = bool(fs.attributes & info.FS_SUPPORTS_BLOCK_REFCOUNTING)
         self.namelen = fs.max_name_length or 255
+        self.name_max = min(self.namelen, self.name_max)  # counted in UTF-16 units: a name has as many bytes or more
         return self._node(path, a), self._stat(a)
 
     def _describe(self, e):

@@ -49,6 +49,7 @@ class Attributes:
     mtime_ns: int
     ctime_ns: int
     btime_ns: int  # creation; made up (and moving) for files Samba did not create, so checked only on reopen
+    delete_pending: bool = False  # unlinked, and gone once its last handle closes (FileAllInformation only)
 
     @property
     def is_dir(self):
@@ -61,10 +62,10 @@ class FileAllInformation:
 
     @classmethod
     def unpack(cls, data):
-        (btime, atime, mtime, ctime, attrs, alloc, eof, nlink, _, _, file_id) = _unpack(
+        (btime, atime, mtime, ctime, attrs, alloc, eof, nlink, delete_pending, _, file_id) = _unpack(
             cls.FORMAT, data, what="FileAllInformation")
         return Attributes(file_id, attrs, eof, alloc, nlink, from_filetime(atime), from_filetime(mtime),
-                          from_filetime(ctime), from_filetime(btime))
+                          from_filetime(ctime), from_filetime(btime), bool(delete_pending))
 
 
 class FileStandardInformation:
