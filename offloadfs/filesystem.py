@@ -110,6 +110,7 @@ class Handle:
     # read-write, and the kernel reads through it the pages it fills in part (for a user who may
     # only write the file); such reads are no data of the opener's to recognise (recognise.py).
     readable: bool = True
+    writable: bool = False  # opened for writing: it hears of the writes behind that fail (writebehind.py)
 
 
 @dataclass(slots=True)
@@ -656,7 +657,10 @@ class Filesystem(Operations):
             backing = backend.backing_fd(file)
         append = backing is None and bool(flags & os.O_APPEND)
         write_only = backing is None and flags & os.O_ACCMODE == os.O_WRONLY  # never so with the writeback cache
-        self.handles[fh] = Handle(inode, file, passthrough=backing is not None, append=append, readable=readable)
+        h = self.handles[fh] = Handle(inode, file, passthrough=backing is not None, append=append, readable=readable,
+                                      writable=flags & os.O_ACCMODE != os.O_RDONLY)
+        if h.writable:
+            self.behind.opened(inode, h)
         inode.passthrough += backing is not None
         return Opened(fh, backing_fd=backing, keep_cache=keep_cache, direct_io=append or write_only)
 
@@ -795,6 +799,7 @@ class Filesystem(Operations):
 
     async def write(self, ctx, nodeid, fh, offset, data, kill_suidgid):
         h = self._handle(fh)
+        self.behind.report(h.inode, h)
         if h.append:
             offset = await self._append_at(h)
         h.inode.data_changes += 1
@@ -812,7 +817,7 @@ class Filesystem(Operations):
         taken at once; any other is left to write."""
         h = self.handles.get(fh)
         if (h is None or h.append or kill_suidgid or not self._recognising(h.inode)
-                or not self.recogniser.write_now(h, offset, data)):
+                or self.behind.unheard(h.inode, h) or not self.recogniser.write_now(h, offset, data)):
             return None
         h.inode.data_changes += 1
         self._wrote(h.inode, data)
@@ -882,19 +887,21 @@ class Filesystem(Operations):
                 self.recogniser.drop(p)
             p.handle = None
         await self.behind.settle(h.inode)
-        if not any(other.inode is h.inode for other in self.handles.values()):
-            self.behind.forget_error(h.inode)
+        self.behind.closed(h.inode, h)
 
     async def flush(self, ctx, nodeid, fh):
+        """close(2) of a descriptor.  A read-only one has nothing of its own to write, and what
+        others wrote is theirs to hear of (a `cat` must neither fail nor take a writer's error)."""
         h = self._handle(fh)
-        await self._settle(h.inode)
-        await self.behind.settle(h.inode, report=True)
+        if h.writable:
+            await self._settle(h.inode)
+            self.behind.report(h.inode, h)
         await h.inode.source.backend.flush(h.file)
 
     async def fsync(self, ctx, nodeid, fh, datasync):
         h = self._handle(fh)
         await self._settle(h.inode)
-        await self.behind.settle(h.inode, report=True)
+        self.behind.report(h.inode, h, clear=True)
         await h.inode.source.backend.fsync(h.file, datasync)
 
     async def release(self, ctx, nodeid, fh):

@@ -5,9 +5,18 @@ the link, the server and the reply before the next leaves, and on the lab's
 1 Gbit link dd reached 79 MiB/s against smbclient's 98 (which keeps several in
 flight).  Here a WRITE is answered once its data is on its way, up to
 FILE_WINDOW bytes a file and MOUNT_WINDOW a mount (more waits: backpressure,
-not memory).  As with those clients, what the server refuses is reported
-later: by the file's next write, flush (close) or fsync, which fail with the
-error; until a flush or fsync has reported it, every write of the file does.
+not memory).
+
+What the server refuses is reported later, as Linux reports writeback errors
+(lib/errseq.c; vfs.rst, "Handling errors during writeback"): to each handle
+open for writing when the write failed (an open file description: FUSE's
+fh), whoever closes first.  A read-only handle hears none, nor does one
+opened after the failure.  Until an fsync of the handle has heard the error,
+its writes and its flushes fail with it: FUSE sends a FLUSH for each close(2)
+of a descriptor, the close-on-exec of each subprocess the writer starts
+included, and the daemon cannot tell the writer's own close from those
+(Linux's NFS client reports it to the first, often a child nobody hears).
+
 Anything that could tell the difference waits for the writes in flight first
 (``settle``: the filesystem's reads, attribute changes, copies, renames), and
 two writes of one range are never in flight at once, as a server may do them
@@ -32,14 +41,15 @@ MOUNT_WINDOW = 8 << 20
 
 @dataclass(slots=True)
 class Behind:
-    """One file's writes in flight, and the first error one of them met."""
+    """One file's writes in flight, and the errors its handles have yet to hear of."""
     ranges: dict = field(default_factory=dict)  # id -> (offset, end)
     # What ``ranges`` hold in all, and where none of them reaches (the furthest end since they were
     # last empty): tar x has hundreds of 5 KiB writes in flight, and summing and scanning them for
     # each write took longer than the write.
     bytes: int = 0
     high: int = 0
-    error: OSError | None = None
+    writers: set = field(default_factory=set)  # id() of the handles open for writing
+    unheard: dict = field(default_factory=dict)  # id(handle) -> the first failure it has yet to hear of
     changed: trio.Event = field(default_factory=trio.Event)  # a write in flight ended
     landed: int = 0  # writes ended
     landed_end: int = 0  # where those that landed since the last settle() end
@@ -72,8 +82,8 @@ class WriteBehind:
             b = inode.behind = Behind()
         end = offset + len(data)
         while True:
-            if b.error is not None:
-                raise b.error
+            if id(h) in b.unheard:
+                raise b.unheard[id(h)]
             overlaps = offset < b.high and any(o < end and offset < e for o, e in b.ranges.values())
             if overlaps or b.ranges and b.bytes + len(data) > FILE_WINDOW:
                 await b.changed.wait()
@@ -98,10 +108,12 @@ class WriteBehind:
             b.written = max(b.written, offset + len(data))
             b.landed_end = max(b.landed_end, offset + len(data))
         except Exception as e:
-            if b.error is None:
+            if b.failed_at is None:
                 log.error("%s: a write of %d bytes at %d failed after it was answered: %s",
                           self.where(inode), len(data), offset, e)
-                b.error = e if isinstance(e, OSError) and e.errno else OSError(errno.EIO, f"write failed: {e}")
+            error = e if isinstance(e, OSError) and e.errno else OSError(errno.EIO, f"write failed: {e}")
+            for writer in b.writers:
+                b.unheard.setdefault(writer, error)
             b.failed_at = offset if b.failed_at is None else min(b.failed_at, offset)
         finally:
             if len(b.ranges) == 1 and b.failed_at is not None:
@@ -131,18 +143,43 @@ class WriteBehind:
                     log.exception("%s: cutting the file back to %d bytes failed", self.where(inode), keep)
 
     @staticmethod
-    async def settle(inode, report=False):
-        """Wait for ``inode``'s writes in flight; with ``report`` (flush, fsync) raise the error one met,
-        once."""
+    async def settle(inode):
+        """Wait for ``inode``'s writes in flight."""
         b = inode.behind
         if b is None:
             return
         while b.ranges:
             await b.changed.wait()
         b.landed_end = 0
-        if report and b.error is not None:
-            e, b.error = b.error, None
-            raise e
+
+    @staticmethod
+    def opened(inode, h):
+        """``h`` was opened for writing: it hears of the writes that fail from now on."""
+        if inode.behind is None:
+            inode.behind = Behind()
+        inode.behind.writers.add(id(h))
+
+    @staticmethod
+    def closed(inode, h):
+        """``h`` was released: what it did not hear of by then was logged."""
+        if inode.behind is not None:
+            inode.behind.writers.discard(id(h))
+            inode.behind.unheard.pop(id(h), None)
+
+    @staticmethod
+    def unheard(inode, h):
+        """The error of a write that failed while ``h`` was open for writing, until an fsync of
+        ``h`` heard of it (None: none)."""
+        return None if inode.behind is None else inode.behind.unheard.get(id(h))
+
+    @staticmethod
+    def report(inode, h, clear=False):
+        """Raise the error ``h`` has yet to hear of (its writes and closes do); with ``clear`` (its
+        fsync) it has heard it once this raises.  Settle first: one still in flight may fail."""
+        if inode.behind is not None:
+            e = inode.behind.unheard.pop(id(h), None) if clear else inode.behind.unheard.get(id(h))
+            if e is not None:
+                raise e
 
     @staticmethod
     def truncated(inode, size):
@@ -152,13 +189,6 @@ class WriteBehind:
             inode.behind = Behind()
         inode.behind.written = size
         inode.behind.outdated = inode.stat
-
-    @staticmethod
-    def forget_error(inode):
-        """The file's last handle closed: an error not reported by then was logged, and is not a later
-        opener's."""
-        if inode.behind is not None:
-            inode.behind.error = None
 
     @staticmethod
     def landed(inode):

@@ -61,26 +61,81 @@ def test_writes_are_answered_before_the_server_has_them_and_settle_waits():
             await wb.write(inode, None, i << 20, bytes(1 << 20))
         assert trio.current_time() == start and server.done == []
         assert wb.end(inode) == 4 << 20
-        await wb.settle(inode, report=True)
+        await wb.settle(inode)
         assert sorted(o for o, _ in server.done) == [0, 1 << 20, 2 << 20, 3 << 20] and wb.end(inode) == 0
         assert server.most == 4
     run(body)
 
 
-def test_a_failed_write_is_reported_by_the_next_write_and_once_by_flush():
+class _Handle:
+    """An open file description."""
+
+
+def opened(wb, inode):
+    """A handle of ``inode`` opened for writing."""
+    h = _Handle()
+    wb.opened(inode, h)
+    return h
+
+
+def raises_enospc(call, *args, **kwargs):
+    with pytest.raises(OSError) as e:
+        call(*args, **kwargs)
+    assert e.value.errno == errno.ENOSPC
+
+
+def test_a_failed_write_fails_the_writes_of_its_handle_until_an_fsync_hears_it():
     async def body():
         server, inode = _Server(), _Inode()
         server.fail_at = 0
         wb = server.behind()
-        await wb.write(inode, None, 0, b"x" * 10)
+        h = opened(wb, inode)
+        await wb.write(inode, h, 0, b"x" * 10)
         await wb.settle(inode)  # a read, say: waits, reports nothing
         with pytest.raises(OSError) as e:
-            await wb.write(inode, None, 10, b"y")
+            await wb.write(inode, h, 10, b"y")
         assert e.value.errno == errno.ENOSPC
-        with pytest.raises(OSError):
-            await wb.settle(inode, report=True)
-        await wb.settle(inode, report=True)  # reported once
-        await wb.write(inode, None, 10, b"y")
+        raises_enospc(wb.report, inode, h)  # a close
+        raises_enospc(wb.report, inode, h)  # another close of the description: FUSE cannot tell whose
+        raises_enospc(wb.report, inode, h, clear=True)  # an fsync
+        wb.report(inode, h, clear=True)  # heard once
+        await wb.write(inode, h, 10, b"y")
+    run(body)
+
+
+def test_a_failed_write_is_reported_to_each_handle_open_for_writing_when_it_failed():
+    """As Linux reports writeback errors (lib/errseq.c): to each open file description, once; a
+    read-only one (never opened here) hears none, and one opened after the failure neither."""
+    async def body():
+        server, inode = _Server(), _Inode()
+        server.fail_at = 0
+        wb = server.behind()
+        writer, other, reader = opened(wb, inode), opened(wb, inode), _Handle()
+        await wb.write(inode, writer, 0, b"x" * 10)
+        await wb.settle(inode)
+        late = opened(wb, inode)
+        wb.report(inode, reader)
+        wb.report(inode, late)
+        await wb.write(inode, late, 10, b"y")
+        raises_enospc(wb.report, inode, other, clear=True)
+        wb.closed(inode, other)
+        raises_enospc(wb.report, inode, writer, clear=True)
+        wb.report(inode, writer, clear=True)
+    run(body)
+
+
+def test_a_failure_after_one_heard_is_heard_again_and_a_closed_handle_hears_none():
+    async def body():
+        server, inode = _Server(), _Inode()
+        wb = server.behind()
+        h, gone = opened(wb, inode), opened(wb, inode)
+        wb.closed(inode, gone)
+        for offset in (0, 10):
+            server.fail_at = offset
+            await wb.write(inode, h, offset, b"x" * 10)
+            await wb.settle(inode)
+            raises_enospc(wb.report, inode, h, clear=True)
+        assert wb.unheard(inode, gone) is None
     run(body)
 
 
@@ -123,10 +178,11 @@ def test_writes_that_landed_past_a_failed_one_are_cut_off_where_they_made_the_fi
         server.size = size_before
         inode.stat = type("Stat", (), {"size": size_before})()
         wb = server.behind()
+        h = opened(wb, inode)
         for i in range(3):
-            await wb.write(inode, None, i << 20, bytes(1 << 20))
-        with pytest.raises(OSError):
-            await wb.settle(inode, report=True)
+            await wb.write(inode, h, i << 20, bytes(1 << 20))
+        await wb.settle(inode)
+        raises_enospc(wb.report, inode, h, clear=True)
         assert server.size == max(size_before, 1 << 20)
     run(body)
 
@@ -140,9 +196,10 @@ def test_a_file_cut_here_is_cut_back_past_a_failed_write_whatever_its_old_attrib
         inode.stat = type("Stat", (), {"size": 8 << 20})()
         wb = server.behind()
         wb.truncated(inode, 0)
+        h = opened(wb, inode)
         for i in range(3):
-            await wb.write(inode, None, i << 20, bytes(1 << 20))
-        with pytest.raises(OSError):
-            await wb.settle(inode, report=True)
+            await wb.write(inode, h, i << 20, bytes(1 << 20))
+        await wb.settle(inode)
+        raises_enospc(wb.report, inode, h, clear=True)
         assert server.size == 1 << 20
     run(body)
