@@ -34,8 +34,10 @@ STREAM_AHEAD = 2  # chunks read ahead of the writer
 SWITCH_RATIO = 1.5
 WATCH = 0.1
 # A recognised copy is committed and read back only where reading it is expected to take less than
-# this share of the time writing it would (Planner.verify_pays).
-VERIFY_SHARE = 0.75
+# this share of the time writing it would (Planner.verify_pays).  The bytes written go up beside the
+# program's reads on a full-duplex link, while reading back comes after them, on the same way down:
+# it pays where reading takes less than what writing adds to the reads, write - read.
+VERIFY_SHARE = 0.5
 # A failed copy cuts off what it may have left past its end (see Planner.trim); errors that say
 # the server is out of reach now (UNREACHABLE) are retried this long, every TRIM_RETRY seconds.
 TRIM_WAIT = 20
