@@ -87,8 +87,8 @@ PROBE = 1 << 20
 # data itself (rsync -a of 1 GiB on a btrfs share: 7.8 s of the 22.4 s).
 COMMIT_ALIGN = 64 << 10
 VERIFY_PIECE = 8 << 20  # a committed copy is read back and compared a piece at a time (Recogniser._verify)
-# Where writing to a server has not been measured, this much of the data found for copies that would be
-# read back is written, to measure it (Recogniser._worth_holding); what it cost decides for the rest.
+# Where writing to a server has not been measured, this much of the data held for copies that would be
+# read back is written, to measure it (Recogniser._measure_writing); what it cost decides for the rest.
 # On the lab's 50 Mbit uplink, 1 MiB of a 128 MiB copy: 1 % + 1 MiB goes up, as issue #30 allows.
 WRITE_SAMPLE = 1 << 20
 
@@ -442,7 +442,6 @@ class Recogniser:
         # (offload_touched), which a later commit of data served as the first finds unchanged.
         self.offloaded = OrderedDict()
         self.held = 0
-        self.sampled = 0  # bytes found but written, to measure writing (_worth_holding)
         self.holding = {}  # id(Pending) -> Pending with runs, oldest first: what backpressure commits
 
     # -- reads --------------------------------------------------------------------------
@@ -571,6 +570,7 @@ class Recogniser:
                 await self.send(p.handle, pos + plain, view[plain:begin])
             pos += begin
         p.window, p.window_at = bytearray(rest), pos
+        await self._measure_writing(p)
 
     def _find(self, p, dst, data):
         next_to = None
@@ -579,26 +579,39 @@ class Recogniser:
             if last.dst + last.length == dst:
                 next_to = (last.source, last.src + last.length)
         served = self.served.find(p.handle.caller.uid, data, next_to, dst)
-        if served is None or served.source == p.key or not self._worth_holding(p, served, len(data)):
+        if served is None or served.source == p.key or not self._worth_holding(p, served):
             return None
         return served
 
-    def _worth_holding(self, p, served, size):
-        """Whether ``size`` bytes of ``p`` found in ``served`` are to be held for a copy.  From a
-        source whose attributes prove nothing, the copy must be read back (_commit_run), which
-        only pays where reading costs less than writing: elsewhere (a symmetric link) the bytes go
-        out as they come, side by side with the program's reads, as without recognition (held to
-        the close, then written or read back, rsync of 256 MiB took twice as long on the lab's
-        1 Gbit link).  While writing to the server is unmeasured, the first WRITE_SAMPLE of them
-        go out to measure it."""
+    def _worth_holding(self, p, served):
+        """Whether data of ``p`` found in ``served`` is to be held for a copy.  From a source whose
+        attributes prove nothing, the copy must be read back (_commit_run), which only pays where
+        reading costs less than writing: elsewhere (a symmetric link) the bytes go out as they come,
+        side by side with the program's reads, as without recognition (held to the close, then
+        written or read back, rsync of 256 MiB took twice as long on the lab's 1 Gbit link).
+        Unmeasured, it is held (and _measure_writing measures)."""
         src = self.source_of(served.source)
         if src is None or src.source.backend.exact_version:
             return True
-        pays = self.planner.verify_pays(p.handle.inode.source.backend, VERIFY_PIECE)
-        if pays is None and self.sampled < WRITE_SAMPLE:
-            self.sampled += size
-            return False
-        return pays is not False
+        return self.planner.verify_pays(p.handle.inode.source.backend, VERIFY_PIECE) is not False
+
+    async def _measure_writing(self, p):
+        """While writing to ``p``'s server is unmeasured, the first WRITE_SAMPLE held from sources
+        that prove nothing is written at once, as one piece: its time tells the rate that decides
+        for the rest (_worth_holding).  The chunks found, written as they came, were no measure:
+        each waited for the program's next write, and the pace they gave was the program's."""
+        if not p.runs or self.planner.verify_pays(p.handle.inode.source.backend, VERIFY_PIECE) is not None:
+            return
+        unproven = [r for r in p.runs if (src := self.source_of(r.source)) is not None
+                    and not src.source.backend.exact_version]
+        if sum(r.length for r in unproven) < WRITE_SAMPLE:
+            return
+        for run in unproven:
+            await self._write_run(p.handle, run, 0, run.length, unchecked=True)
+            p.runs.remove(run)
+            self.held -= run.length
+        if not p.runs:
+            self.holding.pop(id(p), None)
 
     def _hold(self, p, dst, data, served):
         last = p.runs[-1] if p.runs else None
