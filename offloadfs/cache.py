@@ -126,12 +126,17 @@ class AttrCache:
             return 0.0
         return max(0.0, min(self.timeout, inode.stat_expiry - time.monotonic()))
 
-    def reopened(self, where, inode, st):
+    def reopened(self, where, inode, st, lease=None, exact=True):
         """An open() found ``st`` at the server: True if the file is as the kernel last saw it,
-        so its cached pages may stay.  ``st`` is what the kernel sees from now on."""
+        so its cached pages may stay.  Its attributes prove that only where they are ``exact``;
+        else it takes ``lease``, a backend's promise held now (Leases.caching), that was held
+        unbroken at the open before (kept in the Inode's ``lease``).  ``st`` is what the kernel
+        sees from now on."""
         unchanged = inode.stat is not None and version(inode.stat) == version(st)
+        held = lease is not None and lease == inode.lease
+        inode.lease = lease
         self.store(where, inode, st)
-        return unchanged
+        return unchanged and (exact or held)
 
 
 def dtype(mode):
