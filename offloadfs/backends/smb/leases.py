@@ -168,7 +168,8 @@ class Listener:
         try:
             brk = wire.LeaseBreak.unpack(header["data"].get_value())
         except wire.WireError as e:
-            log.debug("%s: unsolicited message ignored: %s", self.client.where, e)  # we hold no oplocks
+            # Not a lease break (an oplock break: we take no oplocks), or malformed; unsigned either way.
+            log.debug("%s: unsolicited message ignored: %s", self.client.where, e)
             return
         try:
             self.client.token.run_sync_soon(self._broken, brk)
