@@ -643,10 +643,10 @@ async def test_a_durable_handle_keeps_its_lease_across_a_reconnect(connect):
         assert b.caching(node) is None
 
 
-async def test_our_opens_share_a_lease_and_answer_its_breaks(connect):
-    """Our opens of one file name one lease key, so they break nothing of each other; a delete
-    breaks its handle caching, which we acknowledge at once (unanswered, Samba holds the delete
-    back for 35 s)."""
+async def test_our_opens_share_a_lease_and_break_nothing_of_each_other(connect):
+    """Our opens of one file name one lease key: a second open, a write through it and a delete
+    (which Samba lets through our handles, as they share delete access) break nothing, and read
+    caching goes on.  With a batch oplock, each of them broke the first handle's."""
     async with connect("ext4-durable") as (b, d, path):
         node, _, f = await b.create(d, b"f", CREATE, 0o644)
         await b.write(f, 0, b"data")
