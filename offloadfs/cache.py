@@ -126,21 +126,23 @@ class AttrCache:
             return 0.0
         return max(0.0, min(self.timeout, inode.stat_expiry - time.monotonic()))
 
-    def reopened(self, where, inode, st):
+    def reopened(self, where, inode, st, lease=None):
         """An open() found ``st`` at the server: True if the file is as it was at the open before,
         with no change to its data made through this mount since, so the pages the kernel cached
         may stay.  ``st`` is what the kernel sees from now on.
 
         Not compared with the attributes last handed out: a stat after another client's rewrite
         (`ls -l`) would have handed the new ones out, while the kernel keeps its pages on an mtime
-        put back.  Only attributes that move with every change can tell (``exact_version``): on
-        Samba a rewrite by another client or a program on the server may leave them all as they
-        were."""
+        put back.  Attributes prove the file unchanged only where they move with every change
+        (``exact_version``); on Samba a rewrite by another client or a program on the server may
+        leave them all as they were, and only ``lease`` can: a backend's promise held now
+        (Leases.caching), held unbroken since the open before (kept in the Inode's ``lease``)."""
         now = (version(st), inode.data_changes)
-        unchanged = inode.source.backend.exact_version and inode.opened_as == now
-        inode.opened_as = now
+        unchanged = inode.opened_as == now
+        held = lease is not None and lease == inode.lease
+        inode.opened_as, inode.lease = now, lease
         self.store(where, inode, st)
-        return unchanged
+        return unchanged and (inode.source.backend.exact_version or held)
 
 
 def dtype(mode):

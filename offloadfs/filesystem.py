@@ -12,6 +12,7 @@ copy request.
 import dataclasses
 import errno
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from .backends.base import CALLER, UNREACHABLE, Allocate, Caller, DirItem, Passthrough, SeekData, Stat
+from .backends.base import CALLER, UNREACHABLE, Allocate, Caller, DirItem, Leases, Passthrough, SeekData, Stat
 from .backends.parallel import together
 from .cache import DT_DIR, AttrCache, DirCache, Listing, check, dtype
 from .fuse.operations import DirEntry, Entry, Operations, Opened
@@ -63,9 +64,11 @@ class Source:
     backend: object
     index: int
     local: bool = field(init=False)  # a local fd the kernel could write itself; asked once (a Protocol check is slow)
+    leases: bool = field(init=False)  # the server says when a file changes (Leases): its attributes do not
 
     def __post_init__(self):
         self.local = isinstance(self.backend, Passthrough)
+        self.leases = isinstance(self.backend, Leases)
 
 
 @dataclass(slots=True)
@@ -94,6 +97,7 @@ class Inode:
     data_changes: int = 0  # files: changes to the data made through this mount (recognise.version)
     opened_as: tuple | None = None  # files: (cache.version, data_changes) at the last open (AttrCache.reopened)
     behind: object = None  # files: writebehind.Behind, writes answered and still in flight
+    lease: object = None  # files: the backend's lease at the last open (cache.AttrCache.reopened)
 
 
 @dataclass(slots=True)
@@ -185,6 +189,8 @@ class Filesystem(Operations):
             self.inodes[nodeid] = inode
             self.by_key[inode.key] = inode
             self.roots[src.index] = inode
+            if src.leases:
+                src.backend.on_break(functools.partial(self._lease_broken, src))
         if self.multi:
             self.inodes[ROOT] = Inode(ROOT, None, None, ("root",), ROOT, stat.S_IFDIR, pinned=True)
         for a in self.sources if self.recogniser else ():  # connected now: they know their servers
@@ -694,7 +700,8 @@ class Filesystem(Operations):
                 keep = False
             else:
                 before, st = inode.stat, backend.opened(file) or await backend.getattr(inode.node, file)
-                keep = self.cache.reopened(lambda: self._where(inode), inode, st)
+                lease = backend.caching(inode.node) if inode.source.leases else None
+                keep = self.cache.reopened(lambda: self._where(inode), inode, st, lease)
                 if keep and st != before and self.kernel is not None:
                     # The data is as the kernel saw it, but not the rest (a link made elsewhere: Samba
                     # keeps the ctime): its pages stay, its attributes go.
@@ -704,6 +711,28 @@ class Filesystem(Operations):
                 await backend.release(file)
             raise
         return self._opened(inode, file, flags, readable, keep)
+
+    def _lease_broken(self, source, node):
+        """A backend's promise on ``node``'s file ended (Leases.on_break): another client is about to
+        change it.  The kernel drops its pages and attributes now, not at the next open, and what
+        recognition remembers of it is found no more."""
+        held = {h.inode.nodeid: h.inode for h in self.handles.values()
+                if h.inode.node is node and h.inode.source is source}
+        for inode in held.values():
+            inode.lease = None
+            self.cache.drop(inode)
+            if self.recogniser is not None:
+                self.recogniser.served.now_at(inode.key, None)
+            if self.kernel is not None:
+                trio.lowlevel.spawn_system_task(self._invalidate, inode.nodeid)
+
+    async def _invalidate(self, nodeid):
+        """Drop the kernel's pages and attributes of ``nodeid``: from a thread, since the kernel waits
+        for the reads under way on them, which this thread answers."""
+        try:
+            await trio.to_thread.run_sync(self.kernel.notify_inval_inode, nodeid)
+        except OSError as e:
+            log.debug("invalidating node %d: %s", nodeid, e)  # the kernel forgot it meanwhile
 
     def _checked_by_open(self, inode):
         """True if the open of ``inode`` itself checks the one name the kernel holds for it (see

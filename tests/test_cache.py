@@ -130,6 +130,43 @@ async def test_pages_are_not_kept_where_the_attributes_prove_nothing(tmp_path):
         await fs.release(ROOT_CTX, entry.nodeid, o.fh)
 
 
+class _Leased(LocalBackend):
+    """A local backend whose server promises to say when files change (Leases): ``span`` is what
+    caching() says, the test's to set; ``broken`` the callback the filesystem gave."""
+    span = 1
+
+    def caching(self, node):
+        return self.span
+
+    def on_break(self, callback):
+        self.broken = callback
+
+
+async def test_with_leases_open_keeps_pages_only_under_one_held_since_the_open_before(tmp_path):
+    (tmp_path / "f").write_bytes(b"abc")
+    backend = _Leased(str(tmp_path), {})
+    backend.exact_version = False  # as on Samba
+    fs = Filesystem({"s": backend}, Options(), Stats("/mnt", {}))
+    await fs.start()
+    entry = await fs.lookup(ROOT_CTX, 1, b"f")
+    opened = []
+
+    async def keeps():
+        opened.append(await fs.open(ROOT_CTX, entry.nodeid, os.O_RDONLY, False))
+        return opened[-1].keep_cache
+
+    assert not await keeps()  # unchanged attributes prove nothing here
+    assert await keeps()
+    backend.span = None
+    assert not await keeps()
+    backend.span = 2
+    assert not await keeps() and await keeps()
+    backend.broken(fs.inodes[entry.nodeid].node)  # a break between two opens of one span
+    assert not await keeps() and await keeps()
+    for o in opened:
+        await fs.release(ROOT_CTX, entry.nodeid, o.fh)
+
+
 class _Dir:
     listing = None
     kernel_listing = None

@@ -37,7 +37,7 @@ smb = pytest.importorskip("offloadfs.backends.smb", reason="smbprotocol is not i
 import smbprotocol.connection  # noqa: E402
 from smbprotocol.header import Commands  # noqa: E402
 samba = pytest.importorskip("offloadfs.lab.samba", reason="the Samba lab needs pyroute2")
-from offloadfs.backends.smb import backend as smb_backend, capabilities, client as smb_client, oplocks  # noqa: E402
+from offloadfs.backends.smb import backend as smb_backend, capabilities, client as smb_client, leases  # noqa: E402
 from offloadfs.backends.smb import errors as smb_errors  # noqa: E402
 
 MiB = 1 << 20
@@ -632,19 +632,87 @@ async def test_a_durable_handle_is_reconnected_after_a_lost_connection(connect):
         assert (path / "f").read_bytes() == b"before after"
 
 
-async def test_oplock_breaks_are_answered(connect):
-    """Our durable handle holds a batch oplock: opening the file again breaks it, and we give it up at once."""
+async def test_a_durable_handle_keeps_its_lease_across_a_reconnect(connect):
+    """The reconnect names the lease (MS-SMB2 3.2.4.3.5), under the client GUID the server keys it by;
+    the file may have changed while we were away, so caching starts anew and the break callback hears of it."""
+    async with connect("ext4-durable") as (b, d, path):
+        broken = []
+        b.on_break(broken.append)
+        node, _, f = await b.create(d, b"f", CREATE, 0o644)
+        before = b.caching(node)
+        assert before is not None and f.create_guid is not None
+        handle = f.file_id
+        b.client._shutdown(b.client.conn)
+        with trio.fail_after(HANG_BOUND):
+            assert await b.write(f, 0, b"after") == 5
+        assert f.file_id[:8] == handle[:8]  # reconnected, not reopened by path
+        assert broken == [node] and b.caching(node) not in (None, before)
+        await b.release(f)
+        assert b.caching(node) is None
+
+
+async def test_our_opens_share_a_lease_and_break_nothing_of_each_other(connect):
+    """Our opens of one file name one lease key: a second open, a write through it and a delete
+    (which Samba lets through our handles, as they share delete access) break nothing, and read
+    caching goes on.  With a batch oplock, each of them broke the first handle's."""
     async with connect("ext4-durable") as (b, d, path):
         node, _, f = await b.create(d, b"f", CREATE, 0o644)
         await b.write(f, 0, b"data")
-        with trio.fail_after(HANG_BOUND):  # unanswered, Samba holds the second open back for 30 s
-            g = await b.open(node, RW)
-            await b.write(g, 4, b"more")
-            await b.unlink(d, b"f")  # a delete breaks too
+        held = b.caching(node)
+        g = await b.open(node, RW)
+        await b.write(g, 4, b"more")
+        assert b.caching(node) == held and b.requests["OPLOCK_BREAK"] == 0
+        await b.unlink(d, b"f")
         assert bytes(await b.read(f, 0, 100)) == b"datamore"
+        assert b.caching(node) == held and b.requests["OPLOCK_BREAK"] == 0
         for h in (f, g):
             await b.release(h)
         assert not (path / "f").exists()
+
+
+async def test_a_name_that_now_leads_to_another_file_is_stale_though_our_lease_key_is_held(connect):
+    """Samba refuses a lease key held on one file for another (STATUS_INVALID_PARAMETER): the open of a
+    node whose name another client gave to a new file is ESTALE, as without leases, not EINVAL."""
+    async with connect() as (b, d, path):
+        node = await make_file(b, d, b"f", b"ours")
+        f = await b.open(node, os.O_RDONLY)
+        (path / "f").rename(path / "g")  # another client renames it, and makes a new f
+        (path / "f").write_bytes(b"theirs")
+        with pytest.raises(OSError) as e:
+            await b.open(node, os.O_RDONLY)
+        assert e.value.errno == errno.ESTALE
+        assert bytes(await b.read(f, 0, 10)) == b"ours" and b.caching(node) is not None
+        await b.release(f)
+
+
+@pytest.mark.parametrize("share", ["ext4", "ext4-durable"])
+@pytest.mark.parametrize("vers", ["default", "2.1"])
+async def test_a_write_by_another_client_breaks_read_caching(connect, share, vers, monkeypatch):
+    """Another client's write breaks our lease before it lands: the callback hears of it, caching
+    ends, and each break the server waits for is acknowledged (else its open or write would wait
+    35 s).  Lease v2 on SMB 3, v1 on 2.1; the other client is a connection of its own."""
+    heard = []
+    on_break = leases.Listener._broken
+    monkeypatch.setattr(leases.Listener, "_broken", lambda self, brk: heard.append(brk) or on_break(self, brk))
+    async with connect(share, vers=vers) as (b, d, path):
+        async with connect(share, vers="2.1" if vers == "default" else "3.0") as (b2, _, _):
+            assert b2.client is not b.client
+            broken = trio.Event()
+            b.on_break(lambda node: broken.set())
+            node = await make_file(b, d, b"f", b"old data")
+            f = await b.open(node, os.O_RDONLY)
+            assert b.caching(node) is not None
+            theirs, _ = await b2.lookup((await b2.lookup(b2.nodes[""], path.name.encode()))[0], b"f")
+            with trio.fail_after(HANG_BOUND):
+                g = await b2.open(theirs, RW)
+                await b2.write(g, 0, b"new")
+                await broken.wait()
+                while b.requests["OPLOCK_BREAK"] < sum(brk.ack_required for brk in heard):
+                    await trio.sleep(0.01)  # acknowledged by a task of its own
+            assert b.caching(node) is None
+            assert bytes(await b.read(f, 0, 100)) == b"new data"
+            await b2.release(g)
+            await b.release(f)
 
 
 async def test_a_server_that_stops_answering_fails_requests_not_the_mount(lab, connect, monkeypatch):
@@ -672,7 +740,7 @@ async def test_interrupted_requests_leave_nothing_behind(connect):
             await b.read(f, 0, len(data))  # three 8 MiB reads in flight, then interrupted
         assert scope.cancelled_caught
         with trio.fail_after(5):
-            while b.client.conn.outstanding_requests.keys() - {oplocks.UNSOLICITED}:  # answered, and dropped
+            while b.client.conn.outstanding_requests.keys() - {leases.UNSOLICITED}:  # answered, and dropped
                 await trio.sleep(0.01)
         assert bytes(await b.read(f, MiB, 10)) == data[MiB:MiB + 10]
         await b.release(f)

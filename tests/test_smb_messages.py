@@ -19,6 +19,8 @@ from smbprotocol.create_contexts import (
     SMB2CreateContextRequest,
     SMB2CreateDurableHandleReconnectV2,
     SMB2CreateDurableHandleRequestV2,
+    SMB2CreateRequestLease,
+    SMB2CreateRequestLeaseV2,
 )
 
 from offloadfs.backends.smb import info, messages as m
@@ -45,22 +47,33 @@ def reference_create(path, access, disposition, options, oplock, contexts):
 
 
 GUID = uuid.UUID("00112233-4455-6677-8899-aabbccddeeff")
+KEY = bytes(range(100, 116))
+RH = m.LEASE_READ | m.LEASE_HANDLE
 
 
 def reference_contexts(which):
-    """smbprotocol's create contexts: none, a durable request, a durable reconnect, or both."""
+    """smbprotocol's create contexts: none, a durable request, a durable reconnect, or those with a lease."""
     durable = structure(SMB2CreateDurableHandleRequestV2, create_guid=GUID)
     reconnect = structure(SMB2CreateDurableHandleReconnectV2, file_id=FID, create_guid=GUID)
-    return {"none": [], "durable": [durable], "reconnect": [reconnect], "both": [reconnect, durable]}[which]
+    lease = structure(SMB2CreateRequestLease, lease_key=KEY, lease_state=RH)
+    lease_v2 = structure(SMB2CreateRequestLeaseV2, lease_key=KEY, lease_state=RH, parent_lease_key=bytes(16),
+                         epoch=b"\0\0")
+    return {"none": [], "durable": [durable], "reconnect": [reconnect], "both": [reconnect, durable],
+            "lease": [lease], "durable+lease": [durable, lease], "durable+lease2": [durable, lease_v2],
+            "reconnect+lease2": [reconnect, lease_v2]}[which]
 
 
 @pytest.mark.parametrize("path", ["", "a", "dir\\file.txt", "x" * 300])
-@pytest.mark.parametrize("which", ["none", "durable", "reconnect", "both"])
+@pytest.mark.parametrize("which", ["none", "durable", "reconnect", "both", "lease", "durable+lease", "durable+lease2",
+                                   "reconnect+lease2"])
 def test_create(path, which):
     contexts = {"none": [], "durable": [m.durable(GUID)], "reconnect": [m.durable_reconnect(FID, GUID)],
-                "both": [m.durable_reconnect(FID, GUID), m.durable(GUID)]}[which]
-    ours = m.create(path, m.READ | m.DELETE, m.OPEN_IF, m.NON_DIRECTORY_FILE, oplock=m.BATCH, contexts=contexts)
-    ref = reference_create(path, m.READ | m.DELETE, m.OPEN_IF, m.NON_DIRECTORY_FILE, m.BATCH,
+                "both": [m.durable_reconnect(FID, GUID), m.durable(GUID)], "lease": [m.lease(KEY, RH, False)],
+                "durable+lease": [m.durable(GUID), m.lease(KEY, RH, False)],
+                "durable+lease2": [m.durable(GUID), m.lease(KEY, RH, True)],
+                "reconnect+lease2": [m.durable_reconnect(FID, GUID), m.lease(KEY, RH, True)]}[which]
+    ours = m.create(path, m.READ | m.DELETE, m.OPEN_IF, m.NON_DIRECTORY_FILE, oplock=m.LEASE, contexts=contexts)
+    ref = reference_create(path, m.READ | m.DELETE, m.OPEN_IF, m.NON_DIRECTORY_FILE, m.LEASE,
                            reference_contexts(which))
     assert ours.pack() == ref.pack()
     assert ours.COMMAND == ref.COMMAND and len(ours) == len(ref)
@@ -132,6 +145,8 @@ def test_credit_charges_are_smbprotocols():
     assert conn._calculate_credit_charge(m.read(FID, 0, 1 << 20)) == 0
 
 
-def test_oplock_break_acknowledgment():
-    # 2.2.24.1: structure size 24, the level kept (none), reserved, the file id.
-    assert m.oplock_break_ack(FID).pack() == b"\x18\x00" + b"\x00" + bytes(5) + FID
+def test_lease_break_acknowledgment():
+    # 2.2.24.2: structure size 36, reserved, flags, the key, the state acknowledged, the duration.
+    ack = m.lease_break_ack(KEY, m.LEASE_READ)
+    assert ack.pack() == b"\x24\x00" + bytes(6) + KEY + b"\x01\x00\x00\x00" + bytes(8)
+    assert m.command(ack) == "OPLOCK_BREAK"

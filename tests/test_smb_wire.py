@@ -74,6 +74,41 @@ def test_create_response_oplock_and_contexts():
         wire.CreateResponse.unpack(body + bytes(bad_name))
 
 
+KEY = bytes(range(100, 116))
+
+
+def create_with(contexts, oplock=0xFF):
+    offset = wire.HEADER_SIZE + wire.CreateResponse.FORMAT.size
+    body = wire.CreateResponse.FORMAT.pack(89, oplock, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, b"F" * 16, offset, len(contexts))
+    return wire.CreateResponse.unpack(body + contexts)
+
+
+def test_create_response_lease_v1_and_v2():
+    v1 = struct.pack("<16sIIQ", KEY, 3, 0, 0)
+    r = create_with(create_context(b"DH2Q", b"\0" * 8, False) + create_context(b"RqLs", v1, True))
+    assert r.contexts == [b"DH2Q", b"RqLs"] and r.lease == wire.Lease(KEY, 3, 0, None)
+    v2 = struct.pack("<16sIIQ16sHH", KEY, 7, 2, 0, bytes(16), 513, 0)
+    assert create_with(create_context(b"RqLs", v2, True)).lease == wire.Lease(KEY, 7, 2, 513)
+    assert create_with(create_context(b"RqLs", v1, True), oplock=0).lease is None  # not granted as a lease
+    assert create_with(b"").lease is None
+    with pytest.raises(WireError, match="lease"):
+        create_with(create_context(b"RqLs", v1[:20], True))
+    past = bytearray(create_context(b"RqLs", v1, True))
+    past[12:16] = struct.pack("<I", 64)  # data longer than the reply
+    with pytest.raises(WireError, match="data"):
+        create_with(bytes(past))
+
+
+def test_lease_break_notification():
+    body = struct.pack("<HHI16sIIIII", 44, 9, 1, KEY, 7, 1, 0, 0, 0)
+    assert wire.LeaseBreak.unpack(body) == wire.LeaseBreak(9, True, KEY, 7, 1)
+    assert wire.LeaseBreak.unpack(struct.pack("<HHI16sIIIII", 44, 0, 0, KEY, 1, 0, 0, 0, 0)).ack_required is False
+    with pytest.raises(WireError):
+        wire.LeaseBreak.unpack(body[:30])
+    with pytest.raises(WireError, match="size 24"):  # an oplock break's structure size
+        wire.LeaseBreak.unpack(struct.pack("<H", 24) + body[2:])
+
+
 def test_read_response_data_is_a_view_at_the_offset():
     data = b"0123456789"
     body = struct.pack("<HBxII4x", 17, HEADER + 16, len(data), 0) + data

@@ -259,6 +259,18 @@ class Allocate(Protocol):
 
 
 @runtime_checkable
+class Leases(Protocol):
+    """The server says before another client changes a file we hold (SMB leases with read caching).
+
+    ``caching(node)``: while such a promise is held on the file, a value that stays the same for as long
+    as it is held without a gap; else None.  ``on_break(callback)``: ``callback(node)`` in the trio thread
+    whenever one held ends other than by our own close (the file may change from now on).
+    """
+    def caching(self, node) -> Hashable | None: ...
+    def on_break(self, callback) -> None: ...
+
+
+@runtime_checkable
 class Passthrough(Protocol):
     """A local fd the kernel can read and write directly (FUSE passthrough)."""
     def backing_fd(self, file) -> int: ...

@@ -27,10 +27,11 @@ import time
 import uuid
 
 import trio
+from smbprotocol import Dialects
 
 from .. import SourceError
 from ..base import NOW, Backend, DirItem, FsStat, Stat, user_xattr
-from . import errors, info, messages as m, url, wire
+from . import errors, info, leases, messages as m, url, wire
 from .capabilities import Capabilities, CopyLimits
 from ..parallel import together
 from .client import Client, ConnectionLost
@@ -63,9 +64,9 @@ class Node:
     order); ``path`` the one in use (None once all were removed through us).  ``files``: its open handles, which
     its attributes come from (an unlinked file has no path) and times must be set through (see setattr).
     ``changed_ns``: when we last changed its links or attributes; Samba reports the mtime as the change time,
-    so that is the least ctime we report.
+    so that is the least ctime we report.  ``lease``: the leases.Lease its opens name, made at the first.
     """
-    __slots__ = ("path", "paths", "ino", "is_dir", "files", "changed_ns")
+    __slots__ = ("path", "paths", "ino", "is_dir", "files", "changed_ns", "lease")
 
     def __init__(self, path, ino, is_dir):
         self.path = path
@@ -74,6 +75,7 @@ class Node:
         self.is_dir = is_dir
         self.files = []
         self.changed_ns = 0
+        self.lease = None
 
     def changed(self):
         self.changed_ns = time.time_ns()
@@ -84,10 +86,10 @@ class File:
 
     ``create_guid``: names the durable handle the server granted (None: not durable); ``lost``: why it could
     not be reconnected, after which every use fails; ``attributes``: what the open found, until opened() takes
-    them.
+    them; ``lease``: the lease it was opened under (None: a directory).
     """
     __slots__ = ("backend", "node", "access", "file_id", "generation", "create_guid", "lost", "sparse",
-                 "resume_key", "key_generation", "attributes")
+                 "resume_key", "key_generation", "attributes", "lease")
 
     def __init__(self, backend, node, access, file_id, generation):
         self.backend = backend
@@ -101,6 +103,7 @@ class File:
         self.resume_key = None
         self.key_generation = 0
         self.attributes = None
+        self.lease = None
 
 
 class SMBBackend(Capabilities, Backend):
@@ -567,40 +570,69 @@ class SMBBackend(Capabilities, Backend):
             disposition = m.OVERWRITE_IF
         else:
             disposition = m.OPEN_IF
-        file, a = await self._open(None, path, _access(flags), disposition, m.NON_DIRECTORY_FILE)
+        known = self.nodes.get(path)
+        file, a = await self._open(None, path, _access(flags), disposition, m.NON_DIRECTORY_FILE,
+                                   lease=self._lease_of(known) if known is not None and not known.is_dir else None)
         file.node = self._node(path, a)
         file.node.files.append(file)
+        if file.node.lease is None:
+            file.node.lease = file.lease
+        if file.lease.node is None:
+            file.lease.node = file.node
         return file.node, self._stat(a), file
 
-    async def _open(self, node, path, access, disposition, options, reconnect=None):
+    async def _open(self, node, path, access, disposition, options, reconnect=None, lease=None, retried=False):
         """A File and the attributes of what it opened, in one round trip (with its resume key, if readable).
 
-        Files (not directories) are asked to be durable, which takes a batch
-        oplock (see oplocks.py); ``reconnect``: the File of a lost connection
-        whose durable handle to reconnect instead.  Not interrupted (the
-        request's deadline still applies): a handle the server opened after we
-        stopped listening would stay open until we disconnect, holding off
-        deletes and share modes.
+        Files (not directories) are opened under a lease (see leases.py): the
+        node's, ``lease`` where there is no node yet (create), a fresh one where
+        the server refuses the node's (its key is the open handle of a file that
+        no longer has this name).  They are asked to be durable, which the
+        lease's handle caching lets Samba grant; ``reconnect``: the File of a
+        lost connection whose durable handle to reconnect instead (with its
+        lease, as MS-SMB2 3.2.4.3.5 asks).  Not interrupted (the request's
+        deadline still applies): a handle the server opened after we stopped
+        listening would stay open until we disconnect, holding off deletes and
+        share modes.
         """
-        guid, oplock, contexts = None, m.NO_OPLOCK, ()
+        if options & m.NON_DIRECTORY_FILE:
+            lease = reconnect.lease if reconnect is not None else lease or self._lease_of(node)
+        guid, contexts = None, []
         if reconnect is not None:
             guid = reconnect.create_guid
-            oplock, contexts = m.BATCH, [m.durable_reconnect(reconnect.file_id, guid)]
+            contexts = [m.durable_reconnect(reconnect.file_id, guid)]
         elif options & m.NON_DIRECTORY_FILE:
             guid = uuid.uuid4()
-            oplock, contexts = m.BATCH, [m.durable(guid)]
-        msgs = [m.create(path, access, disposition, options, oplock=oplock, contexts=contexts), _query_all()]
+            contexts = [m.durable(guid)]
+        conn, _ = await self.client.tree_id(self.share)  # the connection whose listener hears the lease's breaks
+        generation, listener = self.client.generation, self.client.leases
+        if lease is not None:
+            contexts.append(lease.context(conn.dialect >= Dialects.SMB_3_0_0))
+            seen = listener.opening(lease)
+        msgs = [m.create(path, access, disposition, options, oplock=m.LEASE if lease else m.NO_OPLOCK,
+                         contexts=contexts), _query_all()]
         if access & m.READ_DATA and options & m.NON_DIRECTORY_FILE:
             msgs.append(m.resume_key())  # any file we may read may be the source of a server-side copy
         with trio.CancelScope(shield=True):
-            (status, body), (q_status, query), *key = await self._send(msgs)
+            try:
+                (status, body), (q_status, query), *key = await self._send(msgs, generation)
+                created = wire.CreateResponse.unpack(body) if status == errors.SUCCESS else None
+            except BaseException:
+                if lease is not None:
+                    listener.failed(lease)
+                raise
+            if lease is not None:
+                if created is None:
+                    listener.failed(lease)
+                else:
+                    listener.opened(lease, created.lease, seen)
+            if status == errors.INVALID_PARAMETER and lease is not None and reconnect is None and not retried:
+                return await self._open(node, path, access, disposition, options, lease=leases.Lease(self, node),
+                                        retried=True)
             if status != errors.SUCCESS:
                 raise status_error(status, body, path)
-            created = wire.CreateResponse.unpack(body)
-            file = File(self, node, access, created.file_id, self.client.generation)
-            listener = self.client.oplocks
-            if created.oplock_level != m.NO_OPLOCK and listener.generation == file.generation:
-                listener.hold(file.file_id, self.share)
+            file = File(self, node, access, created.file_id, generation)
+            file.lease = lease
             if reconnect is not None or m.DURABLE_V2 in created.contexts:
                 file.create_guid = guid  # a reconnect names no context in its reply
             if key and key[0][0] == errors.SUCCESS:
@@ -682,9 +714,10 @@ class SMBBackend(Capabilities, Backend):
     async def release(self, file):
         if file.node is not None and file in file.node.files:  # None: create() failed to open it
             file.node.files.remove(file)
+        if file.lease is not None:
+            self.client.leases.closed(file.lease, file.generation)
         if file.generation != self.client.generation:
             return  # its connection is gone, and the handle with it
-        self.client.oplocks.release(file.file_id)
         try:
             await self._send([m.close(file.file_id)], file.generation)
         except ConnectionLost:

@@ -1,4 +1,4 @@
-"""The optional capabilities of the SMB backend: clone, server-side copy, sparse files.
+"""The optional capabilities of the SMB backend: clone, server-side copy, sparse files, leases.
 
 Copy offload is where SMB servers differ most, so each refusal is read as
 "not this way" (NotSupported: the planner moves on) unless the connection
@@ -10,7 +10,7 @@ import logging
 
 from ..base import NotSupported
 from ..parallel import copy_spans
-from . import errors, info, messages as m, wire
+from . import errors, info, leases, messages as m, wire
 from .errors import status_error
 
 log = logging.getLogger(__name__)
@@ -34,8 +34,32 @@ class CopyLimits:
 
 
 class Capabilities:
-    """SeekData, Allocate, CloneRange and ServerCopy for SMBBackend (which provides the plumbing)."""
+    """SeekData, Allocate, CloneRange, ServerCopy and Leases for SMBBackend (which provides the plumbing)."""
     clone_align = 4096  # what Samba's btrfs clone needs; MS-FSCC: the volume's cluster size
+    _on_break = None
+
+    def caching(self, node):
+        """While a lease with read caching is held on ``node``'s file: the same value for as long as it is
+        held without a gap (no other client has written the file since it was first this value); else None."""
+        lease = node.lease
+        return None if lease is None or self.client is None else lease.caching(self.client.generation)
+
+    def on_break(self, callback):
+        """``callback(node)`` from now on, in the trio thread, where read caching of ``node``'s file is lost
+        other than by our own close: another client is about to change it, or the connection went."""
+        self._on_break = callback
+
+    def _lease_broken(self, node):
+        if self._on_break is not None and node is not None:
+            self._on_break(node)
+
+    def _lease_of(self, node):
+        """The lease ``node``'s opens name (a fresh one where there is no node yet)."""
+        if node is None:
+            return leases.Lease(self, None)
+        if node.lease is None:
+            node.lease = leases.Lease(self, node)
+        return node.lease
 
     async def seek(self, file, offset, whence):
         """SEEK_DATA/SEEK_HOLE from the allocated ranges (exact on files marked sparse)."""

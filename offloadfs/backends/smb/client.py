@@ -20,12 +20,12 @@ served requests, else after a delay that doubles per failure (up to
 RECONNECT_DELAY_MAX; requests meanwhile wait for the next try if it is
 due within RETRY_WAIT, else fail at once).  Handles are then
 stale (``generation`` tells the backend so): durable ones are reconnected,
-others lost (EIO).  Each connection has an oplocks.Listener for the
-oplock breaks that durable handles bring.  Each has a client GUID of its
-own: Samba hands a new connection with a known GUID to the process that
-served the old one, which may be the hung one we left, and it does not ask
-for the old GUID on a durable reconnect (MS-SMB2 servers that do refuse it,
-and the handles are lost).
+others lost (EIO).  Each connection has a leases.Listener for the
+lease breaks of its opens.  A new connection has the client GUID of the one
+before: the server keys leases by it, and a durable handle's reconnect names
+its lease.  After a server stopped answering it gets a new one: Samba hands a
+new connection with a known GUID to the process that served the old one,
+which would be the hung one we left (its durable handles are then lost).
 """
 import logging
 import socket
@@ -37,7 +37,7 @@ from smbprotocol.exceptions import SMBException, SMBResponseException
 from smbprotocol.session import Session
 from smbprotocol.tree import TreeConnect
 
-from . import errors, oplocks
+from . import errors, leases
 from .connection import CONNECT_TIMEOUT, MIN_IO_SIZE, GuardedConnection, LeanSend, describe
 from .errors import ConnectionLost, status_error
 
@@ -135,9 +135,10 @@ class Client:
         self.token = trio.lowlevel.current_trio_token()
         self.conn = None
         self.session = None
-        self.oplocks = None  # the current connection's oplocks.Listener
+        self.leases = None  # the current connection's leases.Listener
         self.trees = {}  # share -> tree id on the current connection
         self.generation = 0  # bumped per connection: handles of older ones are gone
+        self.guid = uuid.uuid4()  # the client GUID of our connections; a new one after a hang (see the module)
         self.io_size = CREDIT_SIZE  # largest READ/WRITE, set from the server's limits and our credits
         self.users = 0
         self._lock = trio.Lock()
@@ -183,7 +184,7 @@ class Client:
         """Connect, log on and get credits; errors say what failed, never with the password."""
         self.conn = None
         self.trees = {}
-        conn = GuardedConnection(uuid.uuid4(), self.target.host, self.target.port, require_signing=True)
+        conn = GuardedConnection(self.guid, self.target.host, self.target.port, require_signing=True)
         try:
             session = await self._blocking(conn, self._connect_sync, conn)
         except BaseException:
@@ -191,7 +192,7 @@ class Client:
             raise
         self.conn, self.session = conn, session
         self.generation += 1
-        self.oplocks = oplocks.Listener(self, conn)
+        self.leases = leases.Listener(self, conn)
         self.io_size = min(conn.max_read_size, conn.max_write_size,
                            max(CREDIT_SIZE, self._window(conn) // 4 * CREDIT_SIZE))
         self._log_connected("connected to %s as %s: dialect 0x%x, %d credits, %d-byte I/O", self.where,
@@ -258,6 +259,7 @@ class Client:
                 try:
                     await self._connect()
                 except OSError as e:
+                    self.guid = uuid.uuid4()  # an old process of ours may hold it, hung
                     self._failures += 1
                     self._last_failure = e.strerror
                     self._back_off()
@@ -302,6 +304,7 @@ class Client:
         with trio.move_on_after(CONNECT_TIMEOUT) as scope:
             return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
         if scope.cancelled_caught:
+            self.guid = uuid.uuid4()
             self._shutdown(conn)
             raise ConnectionLost(f"{self.where} did not answer in {CONNECT_TIMEOUT} s")
 
@@ -375,6 +378,7 @@ class Client:
         self._timed_out(conn, IO_TIMEOUT)  # the deadline passed
 
     def _timed_out(self, conn, timeout):
+        self.guid = uuid.uuid4()  # not to the hung process again (see the module)
         raise self._lost(conn, f"did not answer in {timeout} s")
 
     def _frame(self, conn, messages, tid, credit_request):

@@ -27,7 +27,7 @@ from smbprotocol.exceptions import SMBConnectionClosed, SMBException
 from smbprotocol.header import SMB2HeaderResponse, Smb2Flags
 from smbprotocol.transport import Tcp
 
-from . import errors, messages, oplocks
+from . import errors, leases, messages
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +157,8 @@ class GuardedConnection(Connection):
     clearing SMB2_FLAGS_SIGNED let forged data through; and it accepted a
     plaintext reply on a session that encrypts.  MS-SMB2 3.2.5.1.3: once a
     session signs, every reply is verified except interim STATUS_PENDING ones
-    (async; they carry no result) and oplock/lease breaks (message id all ones, session 0: oplocks.Listener
-    takes oplock breaks; a forged one only makes us give an oplock up).  Which request a
+    (async; they carry no result) and oplock/lease breaks (message id all ones, session 0: leases.Listener
+    takes lease breaks; a forged one only makes us drop a cache and give a lease up).  Which request a
     reply answers is taken from the request we sent, never from the reply, so
     a reply that poses as a SESSION_SETUP one is verified too.  Decrypted
     replies were authenticated by AES-GCM/CCM and pass.
@@ -313,7 +313,7 @@ class GuardedConnection(Connection):
         _, _, _, status, command, _, flags, _, mid, _, _, signature = REPLY.unpack_from(b)
         if status == errors.PENDING and flags & ASYNC:
             return
-        if mid == oplocks.UNSOLICITED:
+        if mid == leases.UNSOLICITED:
             if command != Commands.SMB2_OPLOCK_BREAK:
                 raise _Refused("an unsolicited message that is not an oplock break")
             return
@@ -429,7 +429,7 @@ def _gmac(key):
 
 
 def _command(request):
-    """The command a Request (or oplocks.Listener) went out with."""
+    """The command a Request (or leases.Listener) went out with."""
     return request.command if isinstance(request, Sent) else request.message["command"].get_value()
 
 

@@ -38,9 +38,14 @@ OVERWRITE_IF = 5
 DIRECTORY_FILE = 0x00000001
 NON_DIRECTORY_FILE = 0x00000040
 
-# Oplock levels (2.2.13): a durable handle needs a batch oplock from Samba (or a lease, which we do not ask for).
+# Oplock levels (2.2.13): files are opened with a lease (leases.py), directories with nothing.
 NO_OPLOCK = 0x00
-BATCH = 0x09
+LEASE = 0xFF
+# Lease states (2.2.13.2.8): what the holder may cache; the server breaks them when others would see it stale.
+LEASE_READ = 0x01
+LEASE_HANDLE = 0x02
+LEASE_WRITE = 0x04
+REQUEST_LEASE = b"RqLs"  # 2.2.13.2.8 and .10; its response context has the same name
 DURABLE_V2 = b"DH2Q"  # 2.2.13.2.11; its response context has the same name
 DURABLE_RECONNECT_V2 = b"DH2C"  # 2.2.13.2.12
 
@@ -89,7 +94,9 @@ _QUERY_INFO = struct.Struct("<HBBIHHIII16s")
 _SET_INFO = struct.Struct("<HBBIHHI16s")
 _QUERY_DIRECTORY = struct.Struct("<HBBI16sHHI")
 _IOCTL = struct.Struct("<HHI16sIIIIIIII")
-_OPLOCK_BREAK_ACK = struct.Struct("<HBBI16s")
+_LEASE = struct.Struct("<16sIIQ")  # key, state, flags, duration (2.2.13.2.8)
+_LEASE_V2 = struct.Struct("<16sIIQ16sHH")  # then the parent's key, the epoch, reserved (2.2.13.2.10)
+_LEASE_BREAK_ACK = struct.Struct("<HHI16sIQ")
 _CONTEXT = struct.Struct("<IHHHHI")
 _DURABLE = struct.Struct("<IIQ16s")  # timeout, flags, reserved, create GUID
 _DURABLE_RECONNECT = struct.Struct("<16s16sI")  # file id, create GUID, flags
@@ -133,9 +140,17 @@ def durable_reconnect(file_id, create_guid):
     return DURABLE_RECONNECT_V2, _DURABLE_RECONNECT.pack(file_id, create_guid.bytes, 0)
 
 
-def oplock_break_ack(file_id):
-    """2.2.24.1: give up the oplock on ``file_id`` altogether."""
-    return Request(Commands.SMB2_OPLOCK_BREAK, _OPLOCK_BREAK_ACK.pack(24, NO_OPLOCK, 0, 0, file_id))
+def lease(key, state, v2):
+    """Ask for a lease of ``state`` under ``key``: v2 on SMB 3.x (the server then numbers its changes with
+    epochs; ours starts at 0), v1 on 2.1.  No parent key: directories hold no leases here."""
+    if v2:
+        return REQUEST_LEASE, _LEASE_V2.pack(key, state, 0, 0, bytes(16), 0, 0)
+    return REQUEST_LEASE, _LEASE.pack(key, state, 0, 0)
+
+
+def lease_break_ack(key, state):
+    """2.2.24.2: the lease ``key`` now holds ``state``, what its break asked for."""
+    return Request(Commands.SMB2_OPLOCK_BREAK, _LEASE_BREAK_ACK.pack(36, 0, 0, key, state, 0))
 
 
 def close(file_id=RELATED):

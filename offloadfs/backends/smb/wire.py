@@ -43,6 +43,26 @@ def _buffer(body, offset, length, what):
 
 
 @dataclass(slots=True)
+class Lease:
+    """2.2.14.2.10 and .11 SMB2_CREATE_RESPONSE_LEASE(_V2): what the server granted.  ``epoch``: None for v1."""
+    V1 = struct.Struct("<16sIIQ")  # key, state, flags, duration
+    V2 = struct.Struct("<16sIIQ16sHH")  # then the parent's key, the epoch, reserved
+    BREAK_IN_PROGRESS = 0x02  # flags: a break of this lease is under way
+    key: bytes
+    state: int
+    flags: int
+    epoch: int | None
+
+    @classmethod
+    def unpack(cls, data):
+        if len(data) >= cls.V2.size:
+            key, state, flags, _, _, epoch, _ = cls.V2.unpack_from(data)
+            return cls(key, state, flags, epoch)
+        key, state, flags, _ = _unpack(cls.V1, data, what="lease context")
+        return cls(key, state, flags, None)
+
+
+@dataclass(slots=True)
 class CreateResponse:
     """2.2.14 SMB2 CREATE Response: the handle, what the open found, the oplock and create contexts granted."""
     FORMAT = struct.Struct("<HBBIqqqqqqII16sII")
@@ -53,29 +73,58 @@ class CreateResponse:
     attributes: int
     file_id: bytes
     contexts: list  # names (bytes) of the create contexts in the reply
+    lease: Lease | None  # the lease context, where the oplock level is a lease
 
     @classmethod
     def unpack(cls, body):
         (_, oplock, _, action, _, _, _, _, _, eof, attrs, _, file_id, offset, length) = _unpack(
             cls.FORMAT, body, what="CREATE")
-        return cls(oplock, action, eof, attrs, file_id, cls._context_names(_buffer(body, offset, length, "CREATE")))
+        contexts = cls._contexts(_buffer(body, offset, length, "CREATE"))
+        lease = contexts.get(b"RqLs")
+        return cls(oplock, action, eof, attrs, file_id, list(contexts),
+                   Lease.unpack(lease) if lease is not None and oplock == 0xFF else None)
 
     @classmethod
-    def _context_names(cls, data):
-        names = []
+    def _contexts(cls, data):
+        """{name: data} of each create context."""
+        contexts = {}
         start = 0
         while len(data) > start:
-            next_offset, name_offset, name_length, _, _, _ = _unpack(cls.CONTEXT, data, start, "create context")
+            next_offset, name_offset, name_length, _, data_offset, data_length = _unpack(
+                cls.CONTEXT, data, start, "create context")
             name = start + name_offset
             if name_offset < cls.CONTEXT.size or name + name_length > len(data):
                 raise WireError(f"create context name at {name}+{name_length} outside {len(data)} bytes")
-            names.append(bytes(data[name:name + name_length]))
+            value = start + data_offset
+            if data_length and (data_offset < cls.CONTEXT.size or value + data_length > len(data)):
+                raise WireError(f"create context data at {value}+{data_length} outside {len(data)} bytes")
+            contexts[bytes(data[name:name + name_length])] = data[value:value + data_length]
             if next_offset == 0:
                 break
             if next_offset < cls.CONTEXT.size:
                 raise WireError("create contexts overlap")
             start += next_offset
-        return names
+        return contexts
+
+
+@dataclass(slots=True)
+class LeaseBreak:
+    """2.2.23.2 Lease Break Notification: the lease ``key`` goes from ``current`` to ``new``; the server waits
+    for our acknowledgment where ``ack_required``.  ``epoch``: the lease's after the break (v2 leases; 0 on v1)."""
+    FORMAT = struct.Struct("<HHI16sIIIII")
+    ACK_REQUIRED = 0x01
+    epoch: int
+    ack_required: bool
+    key: bytes
+    current: int
+    new: int
+
+    @classmethod
+    def unpack(cls, body):
+        size, epoch, flags, key, current, new, _, _, _ = _unpack(cls.FORMAT, body, what="lease break")
+        if size != cls.FORMAT.size:
+            raise WireError(f"lease break: structure size {size}")
+        return cls(epoch, bool(flags & cls.ACK_REQUIRED), key, current, new)
 
 
 class ReadResponse:
