@@ -83,19 +83,34 @@ def test_a_recognised_copy_holds_what_was_read_when_a_program_on_the_server_rewr
 
 
 def test_a_file_rewritten_with_its_times_put_back_is_read_anew_by_the_next_open(place):
-    """Close-to-open with the file held open meanwhile (Samba then answers with the write time of
-    the first open): after `ls -l`, a new open reads the new bytes, and a copy of them holds them."""
+    """Close-to-open: a program on the server rewrites a file this mount read, and puts its times
+    back; after `ls -l`, a new open reads the new bytes, and a copy of them holds them."""
     mnt = place
     old, new = os.urandom(SIZE), os.urandom(SIZE)
     (mnt.backing / "src").write_bytes(old)
-    with open(mnt.path / "src", "rb") as held:
-        assert_same(held.read(), old)
-        rewrite_keeping_times(mnt.backing / "src", new)
-        os.stat(mnt.path / "src")
-        with open(mnt.path / "src", "rb") as again:
-            assert_same(again.read(), new)
+    assert_same((mnt.path / "src").read_bytes(), old)
+    rewrite_keeping_times(mnt.backing / "src", new)
+    os.stat(mnt.path / "src")
+    assert_same((mnt.path / "src").read_bytes(), new)
     copy_by_hand(mnt.path / "src", mnt.path / "dst", lambda: None)
     assert_same((mnt.backing / "dst").read_bytes(), new)
+
+
+@pytest.mark.parametrize("kind", ["btrfs", "xfs", "ext4"])
+def test_a_file_held_open_and_rewritten_by_another_client_is_read_anew_by_the_next_open(other_client, kind):
+    """Close-to-open while this mount holds the file open (Samba then answers with the write time
+    of the first open, and our lease is what keeps the pages): another SMB client's rewrite breaks
+    the lease, and a new open reads the new bytes.  (A program on the server breaks no lease while
+    Samba runs with `kernel oplocks = no`: see README, Consistency.)"""
+    ours, theirs, backing = other_client(kind)
+    old, new = os.urandom(SIZE), os.urandom(SIZE)
+    (backing / "src").write_bytes(old)
+    with open(ours / "src", "rb") as held:
+        assert_same(held.read(), old)
+        rewrite_keeping_times(theirs / "src", new)
+        os.stat(ours / "src")
+        with open(ours / "src", "rb") as again:
+            assert_same(again.read(), new)
 
 
 @pytest.mark.parametrize("kind", ["btrfs", "xfs"])
