@@ -184,10 +184,9 @@ class SMBBackend(Capabilities, Backend):
         durable reconnect is checked by Samba itself: it compares the file's
         device, inode, size, times and ctime (which no restore can put back) with
         what they were when our connection went (vfs_default_durable_reconnect),
-        and refuses it after another client broke its handle caching (the H of its
-        lease), or once
-        smbd restarted.  Read-only handles follow the same rule: nothing exact
-        tells a reader that the file still holds what it read.
+        and refuses it after another client broke its handle caching (the H of
+        its lease), or once smbd restarted.  Read-only handles follow the same
+        rule: nothing exact tells a reader that the file still holds what it read.
         """
         generation = self.client.generation
         where = file.node.path or "a removed file"
