@@ -605,7 +605,8 @@ async def test_a_recognised_copy_is_read_back_only_where_reading_costs_less_than
     backend = object()
     for always, read, write, pays in [(False, None, None, None), (False, 0.004, None, None),
                                       (False, None, 0.08, True), (False, 0.004, 0.08, True),
-                                      (False, 0.07, 0.08, False), (True, 0.07, 0.07, True)]:
+                                      (False, 0.03, 0.08, False), (False, 0.07, 0.08, False),
+                                      (True, 0.07, 0.07, True)]:
         p = Planner(Stats("/mnt", {}), always=always)
         for op, seconds in (("read", read), ("write", write)):
             for _ in range(3 if seconds else 0):
