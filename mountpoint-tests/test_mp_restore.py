@@ -135,13 +135,27 @@ def identity(smb, kind, path):
     return trio.run(ask)
 
 
-def restore(path, copy):
+def restore(path, copy, tries=256):
     """Remove ``path`` and restore it from ``copy`` with `cp -a` (its times and user.* xattrs, DOSATTRIB
-    among them).  The sync between lets xfs free the removed inode (it does so in the background), so
-    that the restored file gets its number."""
+    among them), as a file with the removed one's inode number (Samba's file id): xfs and ext4 give a
+    new file the lowest free number near its directory, which is the removed file's only where no test
+    before freed a lower one, so copies are made until one gets it (the others are removed again).
+    The sync lets xfs free the removed inode (it does so in the background)."""
+    ino = path.stat().st_ino
     path.unlink()
     os.sync()
-    sh("cp", "-a", copy, path)
+    made = []
+    try:
+        for i in range(tries):
+            made.append(path.with_name(f".{path.name}.{i}"))
+            sh("cp", "-a", copy, made[-1])
+            if made[-1].stat().st_ino == ino:
+                made.pop().rename(path)
+                return
+        raise AssertionError(f"no copy of {copy} got inode number {ino} in {tries} tries")
+    finally:
+        for extra in made:
+            extra.unlink()
 
 
 def errors_of(*steps):
@@ -259,6 +273,6 @@ def test_a_file_restored_on_an_nfs_server_is_a_stale_filehandle(ganesha, mount_o
     finally:
         failed += errors_of(lambda: os.close(fd))
     print(f"write, fsync, close after the restart: {[errno.errorcode.get(e) for e in failed]}")
-    assert victim.stat().st_ino == inode, "the restored file did not get the old inode number"
+    assert victim.stat().st_ino == inode, "the restored file did not keep the old inode number"
     assert failed[0] in (None, errno.ESTALE, errno.EIO) and failed[1] in (errno.ESTALE, errno.EIO), failed
     assert victim.read_bytes() == first, "written into the restored file"
