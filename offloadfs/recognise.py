@@ -91,6 +91,7 @@ VERIFY_PIECE = 8 << 20  # a committed copy is read back and compared a piece at 
 # read back is written, to measure it (Recogniser._measure_writing); what it cost decides for the rest.
 # On the lab's 50 Mbit uplink, 1 MiB of a 128 MiB copy: 1 % + 1 MiB goes up, as issue #30 allows.
 WRITE_SAMPLE = 1 << 20
+DECIDED_FOR = 60.0  # seconds a choice between reading back and writing stands (_reading_back_pays)
 
 
 def digest(data):
@@ -442,6 +443,7 @@ class Recogniser:
         # (offload_touched), which a later commit of data served as the first finds unchanged.
         self.offloaded = OrderedDict()
         self.held = 0
+        self.decided = {}  # id(backend) -> (whether reading back pays, until when): _reading_back_pays
         self.holding = {}  # id(Pending) -> Pending with runs, oldest first: what backpressure commits
 
     # -- reads --------------------------------------------------------------------------
@@ -593,14 +595,28 @@ class Recogniser:
         src = self.source_of(served.source)
         if src is None or src.source.backend.exact_version:
             return True
-        return self.planner.verify_pays(p.handle.inode.source.backend, VERIFY_PIECE) is not False
+        return self._reading_back_pays(p.handle.inode.source.backend) is not False
+
+    def _reading_back_pays(self, backend):
+        """Planner.verify_pays for copies into ``backend``, as decided when first measured and kept
+        for DECIDED_FOR: once the choice is made, the program's own traffic measures its pace, not
+        the link (its reads slow to the pace of its writes where these go out, on a 50 Mbit uplink
+        to 0.4-0.9 s for 8 MiB from 0.1), and would keep a wrong choice.  None: not measured yet."""
+        now = trio.current_time()
+        decided = self.decided.get(id(backend))
+        if decided is not None and now < decided[1]:
+            return decided[0]
+        pays = self.planner.verify_pays(backend, VERIFY_PIECE)
+        if pays is not None:
+            self.decided[id(backend)] = (pays, now + DECIDED_FOR)
+        return pays
 
     async def _measure_writing(self, p):
         """While writing to ``p``'s server is unmeasured, the first WRITE_SAMPLE held from sources
         that prove nothing is written at once, as one piece: its time tells the rate that decides
         for the rest (_worth_holding).  The chunks found, written as they came, were no measure:
         each waited for the program's next write, and the pace they gave was the program's."""
-        if not p.runs or self.planner.verify_pays(p.handle.inode.source.backend, VERIFY_PIECE) is not None:
+        if not p.runs or self._reading_back_pays(p.handle.inode.source.backend) is not None:
             return
         unproven = [r for r in p.runs if (src := self.source_of(r.source)) is not None
                     and not src.source.backend.exact_version]
@@ -696,11 +712,11 @@ class Recogniser:
         the mtime, an open file's write time is held, a rewrite may put the times back), what
         the offload left is read back and compared with the held bytes, and what differs is
         written: the program's bytes, whatever the source holds now.  Where reading back is
-        expected to cost as much as writing (Planner.verify_pays: a symmetric link measured since
+        expected to cost as much as writing (_reading_back_pays: a symmetric link measured since
         the bytes were held), they are written."""
         src = self.source_of(run.source)
         exact = src is not None and src.source.backend.exact_version
-        if src is not None and not exact and self.planner.verify_pays(h.inode.source.backend, run.length) is False:
+        if src is not None and not exact and self._reading_back_pays(h.inode.source.backend) is False:
             await self._write_run(h, run, 0, run.length, unchecked=True)
             return
         done = await self._offload(h, run) if src is not None else 0

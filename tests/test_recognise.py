@@ -772,13 +772,15 @@ async def test_where_reading_back_costs_as_much_as_writing_found_bytes_go_out_as
     assert m.counters()["recognised_bytes"] == 0
 
 
-async def test_where_writing_turned_out_as_cheap_as_reading_back_held_bytes_are_written():
+async def test_where_writing_turned_out_as_cheap_as_reading_back_held_bytes_are_written(monkeypatch):
+    """The link changed between the writes and the commit, past DECIDED_FOR (here nothing)."""
+    monkeypatch.setattr(recognise, "DECIDED_FOR", 0.0)
     m = Mount(BIG)
     samba_like(m, read=0.07, write=1.3)
     await m.serve()
     h = m.handle("dst")
     await copy(m, h, BIG, BLOCK)
-    for _ in range(costs.SAMPLES):  # the link changed: writes as fast as reads
+    for _ in range(costs.SAMPLES):  # writes as fast as reads
         m.rec.planner.costs.record(id(m.server), "write", 8 << 20, 0.07)
     await m.rec.commit(h.inode)
     assert bytes(h.file) == BIG and m.server.sent == len(BIG)
@@ -812,3 +814,22 @@ async def test_where_writing_was_never_measured_the_first_bytes_held_are_written
         assert m.server.sent == sample and c["recognised_verified"] == len(BIG) - sample
     else:
         assert m.server.sent == len(BIG) and c["recognised_bytes"] == sample
+
+
+async def test_a_choice_to_read_back_stands_while_the_programs_pace_says_otherwise():
+    """Once data is held and read back, the program's reads go at the pace of its writes, not the
+    link's: measured so they could turn the choice, and then keep it turned (on the lab's 50 Mbit
+    uplink, reads of 8 MiB took 0.4-0.9 s once writes went out).  The choice stands DECIDED_FOR."""
+    m = Mount(BIG)
+    samba_like(m, read=0.07, write=1.3)
+    await m.serve()
+    h = m.handle("dst")
+    half = len(BIG) // 2
+    for pos in range(0, len(BIG), BLOCK):
+        if pos == half:
+            for _ in range(costs.SAMPLES):  # the program slowed to its writes' pace
+                m.rec.planner.costs.record(id(m.server), "read", 8 << 20, 1.3)
+        await m.rec.write(h, pos, BIG[pos:pos + BLOCK])
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == BIG and m.server.sent == 0
+    assert m.counters()["recognised_verified"] == len(BIG)
