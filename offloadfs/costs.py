@@ -68,6 +68,11 @@ class CostModel:
             self._add((backend, op), (burst[2], burst[1] - burst[0], burst[1]))
         self._bursts[backend, op] = [start, end, nbytes]
 
+    def rated(self, route, method):
+        """Whether a rate of ``method`` on ``route`` was measured: a sample of RATE_MIN or more among
+        those that count (small ones tell a fixed cost, and two of them a slope that means nothing)."""
+        return self.known(route, method) and any(n >= RATE_MIN for n, _, _ in self._current((route, method)))
+
     def known(self, route, method):
         return self._weight((route, method)) >= FORGOTTEN
 

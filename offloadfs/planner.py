@@ -123,19 +123,23 @@ class Planner:
             (faster if costs[m] is None or costs[m] < stream else slower).append(m)
         return faster + ["stream"] + slower
 
-    def verify_pays(self, backend, length):
+    def verify_pays(self, backend, length, read=None):
         """Whether a recognised copy of ``length`` bytes into ``backend`` is worth committing by an
         offload that is then read back (recognise.py), rather than writing the bytes held for it.
         On a link faster down than up (the lab's 1 Gbit/50 Mbit), reading back costs a fraction
         of writing; on a symmetric one as much, and the offload and the comparison come on top:
-        there the bytes are written.  None where writing has not been measured (the caller
-        measures it); reading unmeasured, it is tried, and so measured."""
+        there the bytes are written.  None where writing's rate has not been measured (the
+        caller measures it: the few small writes of a copy's unmatched bytes gave a slope that
+        took the lab's 50 Mbit uplink for a fast one); reading unmeasured, it is tried, and so
+        measured.  ``read``: what reading took, measured by the caller, where what the model
+        holds now is not the link's."""
         if self.always:
             return True
         write = self.costs.predict(id(backend), "write", length)
-        if write is None:
+        if write is None or not self.costs.rated(id(backend), "write"):
             return None
-        read = self.costs.predict(id(backend), "read", length)
+        if read is None:
+            read = self.costs.predict(id(backend), "read", length)
         return read is None or read < write * VERIFY_SHARE
 
     async def copy(self, src: Endpoint, off_in, dst: Endpoint, off_out, length, stats=None):

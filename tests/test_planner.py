@@ -612,3 +612,18 @@ async def test_a_recognised_copy_is_read_back_only_where_reading_costs_less_than
             for _ in range(3 if seconds else 0):
                 p.costs.record(id(backend), op, 8 << 20, seconds)
         assert p.verify_pays(backend, 8 << 20) is pays, (always, read, write)
+
+
+async def test_small_writes_alone_tell_no_rate_to_choose_a_read_back_by():
+    """A copy's unmatched bytes go out in writes of some 48 KiB: two sizes of them make a slope that
+    means nothing (on the lab's 50 Mbit uplink it said writing was cheap)."""
+    p = Planner(Stats("/mnt", {}))
+    backend = object()
+    for _ in range(3):
+        p.costs.record(id(backend), "read", 8 << 20, 0.07)
+    p.costs.record(id(backend), "write", 40 << 10, 0.008)
+    p.costs.record(id(backend), "write", 120 << 10, 0.0081)
+    assert p.costs.predict(id(backend), "write", 8 << 20) is not None
+    assert p.verify_pays(backend, 8 << 20) is None
+    p.costs.record(id(backend), "write", 1 << 20, 0.17)
+    assert p.verify_pays(backend, 8 << 20) is True

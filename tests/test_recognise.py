@@ -833,3 +833,26 @@ async def test_a_choice_to_read_back_stands_while_the_programs_pace_says_otherwi
     await m.rec.commit(h.inode)
     assert bytes(h.file) == BIG and m.server.sent == 0
     assert m.counters()["recognised_verified"] == len(BIG)
+
+
+async def test_reads_slowed_by_the_write_that_measures_writing_do_not_decide():
+    """On a slow uplink the sample's bytes delay the acknowledgements of what comes down: reads
+    measured meanwhile look as slow as writes.  What reading took before the sample decides."""
+    m = Mount(BIG)
+    samba_like(m, read=0.07)
+
+    async def send(h, offset, data):
+        costs_now = m.rec.planner.costs
+        costs_now.record(id(m.server), "write", len(data), 1.3 * len(data) / (8 << 20))
+        for _ in range(costs.SAMPLES):
+            costs_now.record(id(m.server), "read", 8 << 20, 1.0)
+        await m.server.write(h.file, offset, data)
+
+    m.rec.send = send
+    await m.serve()
+    h = m.handle("dst")
+    await copy(m, h, BIG, BLOCK)
+    await m.rec.commit(h.inode)
+    assert bytes(h.file) == BIG
+    c = m.counters()
+    assert c["recognised_verified"] == len(BIG) - c["recognised_unchecked"] > len(BIG) // 2
