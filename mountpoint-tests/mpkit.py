@@ -80,6 +80,16 @@ def assert_same(got, want, at=0):
     assert bad is None, f"first wrong byte at offset {at + bad}"
 
 
+def rewrite_keeping_times(path, data, offset=0):
+    """Rewrite ``path`` in place at ``offset``, then put its times back, as `cp -p`, `touch -r` and
+    `tar x` leave them: on Samba no attribute then shows the change (issue #30)."""
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
 def sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:

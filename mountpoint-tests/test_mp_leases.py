@@ -18,7 +18,7 @@ import os
 import time
 
 import pytest
-from mpkit import MiB, assert_same
+from mpkit import MiB, assert_same, rewrite_keeping_times
 
 from offloadfs.lab.mount import offloadfs_mount, status
 
@@ -45,14 +45,6 @@ def two_mounts(smb):
 
 def reads(mountpoint):
     return status(mountpoint)["counters"]["smb_requests"].get("READ", 0)
-
-
-def rewrite_keeping_times(path, data):
-    """Another client's same-size rewrite whose times are then put back (as cp -p, touch -r, tar x do)."""
-    st = os.stat(path)
-    with open(path, "r+b") as f:
-        f.write(data)
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 @pytest.mark.parametrize("share", SHARES)

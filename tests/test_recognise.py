@@ -789,16 +789,18 @@ async def test_where_writing_turned_out_as_cheap_as_reading_back_held_bytes_are_
     assert sum(c["recognised_committed"].values()) == 0
 
 
-@pytest.mark.parametrize("uplink, held", [(1.3, True), (0.07, False)], ids=["asymmetric", "symmetric"])
-async def test_where_writing_was_never_measured_the_first_bytes_held_are_written_to_measure_it(uplink, held):
-    """A fresh mount: the reads of the source were measured, writes never.  The first WRITE_SAMPLE
-    held goes out at once, and what it cost decides for the rest: held and read back where reading
-    is the cheap way (asymmetric), else written as it comes, beside the program's reads."""
+async def fresh_mount_copy(uplink, reads_meanwhile=None):
+    """A copy of BIG through a fresh mount whose server's attributes prove nothing: the reads of the
+    source were measured (8 MiB in 0.07 s), writes never; each write then tells the planner it took
+    ``uplink`` seconds for 8 MiB (as filesystem.py's send does), and reads measured meanwhile take
+    ``reads_meanwhile``.  The counters after the commit."""
     m = Mount(BIG)
     samba_like(m, read=0.07)
 
-    async def send(h, offset, data):  # what filesystem.py's send tells the planner, at that rate
+    async def send(h, offset, data):
         m.rec.planner.costs.record(id(m.server), "write", len(data), uplink * len(data) / (8 << 20))
+        for _ in range(costs.SAMPLES if reads_meanwhile else 0):
+            m.rec.planner.costs.record(id(m.server), "read", 8 << 20, reads_meanwhile)
         await m.server.write(h.file, offset, data)
 
     m.rec.send = send
@@ -807,13 +809,21 @@ async def test_where_writing_was_never_measured_the_first_bytes_held_are_written
     await copy(m, h, BIG, BLOCK)
     await m.rec.commit(h.inode)
     assert bytes(h.file) == BIG
-    c = m.counters()
+    return m.counters(), m.server.sent
+
+
+@pytest.mark.parametrize("uplink, held", [(1.3, True), (0.07, False)], ids=["asymmetric", "symmetric"])
+async def test_where_writing_was_never_measured_the_first_bytes_held_are_written_to_measure_it(uplink, held):
+    """A fresh mount: the reads of the source were measured, writes never.  The first WRITE_SAMPLE
+    held goes out at once, and what it cost decides for the rest: held and read back where reading
+    is the cheap way (asymmetric), else written as it comes, beside the program's reads."""
+    c, sent = await fresh_mount_copy(uplink)
     sample = c["recognised_unchecked"]  # held, then written at once, as one
     assert recognise.WRITE_SAMPLE <= sample <= recognise.WRITE_SAMPLE + recognise.CUT_AT + recognise.MAX_CHUNK
     if held:
-        assert m.server.sent == sample and c["recognised_verified"] == len(BIG) - sample
+        assert sent == sample and c["recognised_verified"] == len(BIG) - sample
     else:
-        assert m.server.sent == len(BIG) and c["recognised_bytes"] == sample
+        assert sent == len(BIG) and c["recognised_bytes"] == sample
 
 
 async def test_a_choice_to_read_back_stands_while_the_programs_pace_says_otherwise():
@@ -838,21 +848,5 @@ async def test_a_choice_to_read_back_stands_while_the_programs_pace_says_otherwi
 async def test_reads_slowed_by_the_write_that_measures_writing_do_not_decide():
     """On a slow uplink the sample's bytes delay the acknowledgements of what comes down: reads
     measured meanwhile look as slow as writes.  What reading took before the sample decides."""
-    m = Mount(BIG)
-    samba_like(m, read=0.07)
-
-    async def send(h, offset, data):
-        costs_now = m.rec.planner.costs
-        costs_now.record(id(m.server), "write", len(data), 1.3 * len(data) / (8 << 20))
-        for _ in range(costs.SAMPLES):
-            costs_now.record(id(m.server), "read", 8 << 20, 1.0)
-        await m.server.write(h.file, offset, data)
-
-    m.rec.send = send
-    await m.serve()
-    h = m.handle("dst")
-    await copy(m, h, BIG, BLOCK)
-    await m.rec.commit(h.inode)
-    assert bytes(h.file) == BIG
-    c = m.counters()
+    c, _ = await fresh_mount_copy(1.3, reads_meanwhile=1.0)
     assert c["recognised_verified"] == len(BIG) - c["recognised_unchecked"] > len(BIG) // 2
