@@ -362,7 +362,7 @@ class SMBBackend(Capabilities, Backend):
         After a listing the kernel asks for every entry in turn (READDIRPLUS
         looks each up, ``ls -l`` stats each); the listing already holds that,
         so 2000 files cost one listing, not 2000 round trips.  Listings carry
-        no link count (1 is reported), and any change made through us drops
+        no link count (see _nlink), and any change made through us drops
         them.
         """
         a, expiry = self._listed.pop(path, (None, 0))
