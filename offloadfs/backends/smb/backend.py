@@ -363,10 +363,13 @@ class SMBBackend(Capabilities, Backend):
         looks each up, ``ls -l`` stats each); the listing already holds that,
         so 2000 files cost one listing, not 2000 round trips.  Listings carry
         no link count (see _nlink), and any change made through us drops
-        them.
+        them.  Not for a name the filesystem holds a node by: it answers
+        those from its own listing, and asks only where that is in doubt (an
+        open checks that each name still leads to its file), which a listing
+        from before cannot settle.
         """
         a, expiry = self._listed.pop(path, (None, 0))
-        return a if trio.current_time() < expiry else None
+        return a if trio.current_time() < expiry and path not in self.nodes else None
 
     def identity(self, node, st):
         return node.ino, node.is_dir  # the server's file id, which a file of the other type may get next
