@@ -36,6 +36,7 @@ DT_DIR = stat.S_IFDIR >> 12
 AHEAD_ITEMS = 1024  # listings of up to this many entries are fetched ahead of a walk (worth_listing_ahead)
 KEPT_ITEMS = 32768  # entries of the listings kept for directories the kernel forgot (DirCache.forgotten)
 ABSENT_MAX = 1024  # names a directory keeps as absent (DirCache.absent); past that, the expired go
+CHANGED_MAX = 4096  # files whose last change through the mount is kept by identity (AttrCache.changed)
 MIXED = "mixed"  # the kernel's cache of a directory's names may hold several listings (DirCache.kernel_read)
 FILE_TYPES = frozenset({stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK, stat.S_IFCHR, stat.S_IFBLK,
                         stat.S_IFIFO, stat.S_IFSOCK})
@@ -86,10 +87,33 @@ def version(st):
 
 class AttrCache:
     """Attributes per inode (held in the Inode's ``stat``, ``stat_expiry`` and ``stat_since``) and
-    their lifetime."""
+    their lifetime; and, by identity, which files the mount changed lately (``changed``)."""
 
     def __init__(self, timeout):
         self.timeout = timeout
+        self._changed = collections.OrderedDict()  # key -> monotonic: the mount's last change to the file, in order
+        self._changed_horizon = float("-inf")  # monotonic: changes up to then are forgotten (see changed)
+
+    def changed(self, key):
+        """The mount changed the file of identity ``key`` (its data, attributes, or one of its names,
+        which moves its link count and ctime): attributes listed before now are not its own any more.
+        Kept by identity, not in the file's Inode: the kernel may forget the file (memory pressure)
+        and look it up again by another name, from a listing fetched before the change.  Listed
+        attributes are handed out for attr_timeout, so that is how long this is kept.  Past
+        CHANGED_MAX files, the oldest go, and with them every listing fetched before their change."""
+        now = time.monotonic()
+        self._changed.pop(key, None)
+        self._changed[key] = now
+        while self._changed:  # attr_timeout=0 keeps none
+            at = next(iter(self._changed.values()))
+            if at > now - self.timeout and len(self._changed) <= CHANGED_MAX:
+                return
+            self._changed.popitem(last=False)
+            self._changed_horizon = at  # past attr_timeout, it tells no listing still in use apart
+
+    def changed_since(self, key, since):
+        """True if the mount changed the file ``key`` at ``since`` (monotonic) or later, or may have."""
+        return since <= self._changed_horizon or self._changed.get(key, since - 1) >= since
 
     def fresh(self, inode):
         """The cached attributes, or None when they must be asked for."""
@@ -111,11 +135,13 @@ class AttrCache:
         inode.stat_expiry = 0.0
         inode.stat_since = time.monotonic()
 
-    @staticmethod
-    def newer_than(inode, st, since):
-        """True if we know better than ``st``, attributes of ``inode`` listed at ``since``: we
-        changed the file after that (its attributes were dropped: expiry 0), or learnt others."""
-        if inode.stat_since <= since:
+    def newer_than(self, key, inode, st, since):
+        """True if we know better than ``st``, attributes of the file ``key`` listed at ``since``: we
+        changed the file after that (whether or not it is known now), or its ``inode`` (None if the
+        kernel holds none) learnt others since, or dropped them (expiry 0)."""
+        if self.changed_since(key, since):
+            return True
+        if inode is None or inode.stat_since <= since:
             return False
         return inode.stat_expiry == 0.0 or inode.stat is None or version(inode.stat) != version(st)
 

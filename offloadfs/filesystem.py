@@ -272,7 +272,9 @@ class Filesystem(Operations):
         return self.cache.store(lambda: self._where(inode), inode, st, since, checked)
 
     def _stale(self, inode):
+        """We changed ``inode``'s file: ask the server next time, and no listing from before answers for it."""
         self.cache.drop(inode)
+        self.cache.changed(inode.key)
 
     def _ttl(self, inode):
         return self.options.attr_timeout if inode.source is None else self.cache.ttl(inode)
@@ -327,7 +329,7 @@ class Filesystem(Operations):
         for key in keys:
             dir = self.inodes.get(key[0])
             if dir is not None:
-                self._unname(dir, key[1])
+                self._unname(dir, key[1], ours=False)
                 self.dircache.drop(dir)
             if self.kernel is not None:
                 done = trio.Event()
@@ -343,12 +345,13 @@ class Filesystem(Operations):
             self._dropping.discard(done)
             done.set()
 
-    def _unname(self, parent, name):
-        """``name`` left ``parent``: the file it named changed (link count, ctime); returns that file."""
+    def _unname(self, parent, name, ours=True):
+        """``name`` left ``parent`` (through us, unless not ``ours``): the file it named changed (link
+        count, ctime); returns that file."""
         inode = self.dentries.pop((parent.nodeid, name), None)
         if inode is not None:
             inode.names.discard((parent.nodeid, name))
-            self._stale(inode)
+            (self._stale if ours else self.cache.drop)(inode)
         return inode
 
     def forget(self, nodeid, nlookup):
@@ -428,8 +431,8 @@ class Filesystem(Operations):
             if known is None or known.ino != st.ino:
                 return None
             node = known.node
-        known = self.by_key.get((dir.source.index, dir.source.backend.identity(node, st)))
-        if known is not None and self.cache.newer_than(known, st, listing.fetched):
+        key = (dir.source.index, dir.source.backend.identity(node, st))
+        if self.cache.newer_than(key, self.by_key.get(key), st, listing.fetched):
             return None
         return node, st
 
@@ -511,6 +514,7 @@ class Filesystem(Operations):
         st = await inode.source.backend.setattr(  # NOW passes through: backends.base.NOW is the same
             inode.node, file, mode=mode, uid=ch.uid, gid=ch.gid, size=ch.size,
             atime_ns=ch.atime_ns, mtime_ns=ch.mtime_ns)
+        self.cache.changed(inode.key)
         st = self._cache(inode, st)
         if ch.size is not None:
             self.behind.truncated(inode, ch.size)
@@ -583,6 +587,7 @@ class Filesystem(Operations):
             raise OSError(errno.EXDEV, "hard links stay within one source")
         async with self._changing(dir):
             node, st = await inode.source.backend.link(inode.node, dir.node, newname)
+        self.cache.changed(inode.key)
         return self._added(dir, newname, node, st)
 
     async def _remove(self, parent, name, rmdir):
@@ -1198,7 +1203,7 @@ class Filesystem(Operations):
         self.stats.listings += 1
         asked, changes = time.monotonic(), inode.dir_changes
         before, items = await inode.source.backend.listdir(inode.node)  # older than the items, as the version must be
-        if not self.cache.newer_than(inode, before, asked):  # unless we changed the directory meanwhile
+        if not self.cache.newer_than(inode.key, inode, before, asked):  # unless we changed the directory meanwhile
             self._cache(inode, before, asked)
         return self.dircache.store(inode, before, items, asked, changes)
 

@@ -363,11 +363,47 @@ def test_a_listing_does_not_hand_out_attributes_older_than_ours():
     attrs, f = AttrCache(1.0), _File()
     listed_at = time.monotonic()
     attrs.store(lambda: "test", f, GOOD)
-    assert not AttrCache.newer_than(f, GOOD, listed_at)  # the same attributes, learnt again
-    assert AttrCache.newer_than(f, dataclasses.replace(GOOD, size=9), listed_at)
-    AttrCache.drop(f)  # we wrote to it
-    assert AttrCache.newer_than(f, GOOD, listed_at)
-    assert not AttrCache.newer_than(f, GOOD, time.monotonic())  # a listing after the write
+    assert not attrs.newer_than("f", f, GOOD, listed_at)  # the same attributes, learnt again
+    assert attrs.newer_than("f", f, dataclasses.replace(GOOD, size=9), listed_at)
+    AttrCache.drop(f)  # dropped: another client removed a name of it
+    assert attrs.newer_than("f", f, GOOD, listed_at)
+    assert not attrs.newer_than("f", f, GOOD, time.monotonic())  # a listing after that
+
+
+def test_a_change_of_ours_outlives_the_file_being_forgotten(monkeypatch):
+    """What we changed is known by identity: a listing from before answers for it no more, even
+    once the kernel forgot the file (no inode), until the listing's attributes expire anyway."""
+    now = [100.0]
+    monkeypatch.setattr("offloadfs.cache.time.monotonic", lambda: now[0])
+    attrs = AttrCache(1.0)
+    listed_at = now[0]
+    now[0] += 0.1
+    attrs.changed("f")  # an unlink of its other name
+    assert attrs.newer_than("f", None, GOOD, listed_at)
+    assert not attrs.newer_than("g", None, GOOD, listed_at)
+    assert not attrs.newer_than("f", None, GOOD, now[0] + 0.01)  # listed after the change
+    now[0] += 1.5
+    attrs.changed("g")  # "f" goes: a listing from before it would be past attr_timeout
+    assert list(attrs._changed) == ["g"]
+    assert not attrs.newer_than("f", None, GOOD, now[0] - 0.5)
+
+
+def test_no_change_is_kept_without_an_attr_timeout():
+    attrs = AttrCache(0.0)
+    attrs.changed("f")
+    assert not attrs._changed
+
+
+def test_changes_past_the_bound_forget_every_listing_from_before(monkeypatch):
+    monkeypatch.setattr("offloadfs.cache.CHANGED_MAX", 2)
+    attrs = AttrCache(1.0)
+    listed_at = time.monotonic()
+    for key in ("a", "b", "c"):
+        attrs.changed(key)
+    assert len(attrs._changed) == 2
+    assert attrs.newer_than("a", None, GOOD, listed_at)  # forgotten, so in doubt
+    assert attrs.newer_than("z", None, GOOD, listed_at)  # so is every file listed before "a" changed
+    assert not attrs.newer_than("z", None, GOOD, time.monotonic())
 
 
 def test_listings_of_forgotten_directories_are_kept_within_a_bound(monkeypatch):

@@ -357,6 +357,37 @@ async def test_hard_links_statfs_and_no_symlinks(connect):
         assert e.value.errno == errno.EOPNOTSUPP
 
 
+async def test_a_name_held_is_looked_up_at_the_server_even_right_after_a_listing(connect):
+    """The filesystem asks about a name it holds only where its own listing is in doubt (an open
+    checks that the name still leads to its file): a listing from before cannot tell."""
+    async with connect() as (b, d, path):
+        f = await make_file(b, d, b"f", b"old")
+        (path / "other").touch()
+        await b.listdir(d)
+        os.link(path / "f", path / "kept")  # the old file lives on: the new f gets another file id
+        os.unlink(path / "f")
+        (path / "f").write_bytes(b"new")  # replaced by another client
+        node, st = await b.lookup(d, b"f")
+        assert node is not f and st.ino == os.stat(path / "f").st_ino
+        trips = b.round_trips
+        assert (await b.lookup(d, b"other"))[1].ino == os.stat(path / "other").st_ino
+        assert b.round_trips == trips  # a name not held still answers from the listing
+
+
+async def test_a_listing_gives_the_link_count_known_or_makes_up_1(connect):
+    """QUERY_DIRECTORY carries no link count: a known file keeps the one it had (less the links
+    removed through us), as the Linux cifs client does; a file not known gets 1."""
+    async with connect() as (b, d, path):
+        f = await make_file(b, d, b"f", b"linked")
+        await b.link(f, d, b"g")
+        (path / "other").touch()
+        os.link(path / "other", path / "other2")  # by another client, never looked up here
+        listed = {i.name: i.stat.nlink for i in (await b.listdir(d))[1]}
+        assert listed == {b"f": 2, b"g": 2, b"other": 1, b"other2": 1}
+        await b.unlink(d, b"g")
+        assert {i.name: i.stat.nlink for i in (await b.listdir(d))[1]}[b"f"] == 1
+
+
 async def test_a_node_goes_on_by_its_other_names(connect):
     """The filesystem keeps one node per file id, so a hard link or a rename by another
     client must not leave that node on a name that is gone."""

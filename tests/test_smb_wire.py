@@ -225,8 +225,8 @@ def test_directory_chain():
     chain = (struct.pack("<I", len(first)) + first[4:] + struct.pack("<I", len(second)) + second[4:]
              + dir_entry("last", 3))
     entries = info.FileIdBothDirectoryInformation.unpack_list(chain)
-    assert [(n, a.file_id, a.is_dir, a.size) for n, a in entries] == [
-        ("één", 1, False, 5), ("dir", 2, True, 0), ("last", 3, False, 0)]
+    assert [(n, a.file_id, a.is_dir, a.size, a.nlink) for n, a in entries] == [
+        ("één", 1, False, 5, None), ("dir", 2, True, 0, None), ("last", 3, False, 0, None)]  # no link count
 
 
 def test_directory_hostile_chains():

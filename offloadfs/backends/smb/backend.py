@@ -65,8 +65,9 @@ class Node:
     its attributes come from (an unlinked file has no path) and times must be set through (see setattr).
     ``changed_ns``: when we last changed its links or attributes; Samba reports the mtime as the change time,
     so that is the least ctime we report.  ``lease``: the leases.Lease its opens name, made at the first.
+    ``nlink``: its link count as last known (see _nlink), or None.
     """
-    __slots__ = ("path", "paths", "ino", "is_dir", "files", "changed_ns", "lease")
+    __slots__ = ("path", "paths", "ino", "is_dir", "files", "changed_ns", "lease", "nlink")
 
     def __init__(self, path, ino, is_dir):
         self.path = path
@@ -76,6 +77,7 @@ class Node:
         self.files = []
         self.changed_ns = 0
         self.lease = None
+        self.nlink = None
 
     def changed(self):
         self.changed_ns = time.time_ns()
@@ -218,9 +220,10 @@ class SMBBackend(Capabilities, Backend):
         if a.attributes & info.ATTR_READONLY:
             mode &= ~0o222
         # Samba counts a delete-pending name out already: 0 links for a file unlinked while open.
-        nlink = a.nlink if a.delete_pending else max(1, a.nlink)
-        return Stat(ino=a.file_id, mode=mode, nlink=nlink, size=a.size, blocks=(a.allocation + 511) // 512,
-                    blksize=1 << 20, atime_ns=a.atime_ns, mtime_ns=a.mtime_ns, ctime_ns=ctime_ns)
+        nlink = _nlink(node, a)
+        return Stat(ino=a.file_id, mode=mode, nlink=nlink if a.delete_pending else max(1, nlink), size=a.size,
+                    blocks=(a.allocation + 511) // 512, blksize=1 << 20, atime_ns=a.atime_ns, mtime_ns=a.mtime_ns,
+                    ctime_ns=ctime_ns)
 
     def _node(self, path, a: info.Attributes):
         """The node of file ``a``, now going by ``path``, the name it was just found under."""
@@ -359,11 +362,14 @@ class SMBBackend(Capabilities, Backend):
         After a listing the kernel asks for every entry in turn (READDIRPLUS
         looks each up, ``ls -l`` stats each); the listing already holds that,
         so 2000 files cost one listing, not 2000 round trips.  Listings carry
-        no link count (1 is reported), and any change made through us drops
-        them.
+        no link count (see _nlink), and any change made through us drops
+        them.  Not for a name the filesystem holds a node by: it answers
+        those from its own listing, and asks only where that is in doubt (an
+        open checks that each name still leads to its file), which a listing
+        from before cannot settle.
         """
         a, expiry = self._listed.pop(path, (None, 0))
-        return a if trio.current_time() < expiry else None
+        return a if trio.current_time() < expiry and path not in self.nodes else None
 
     def identity(self, node, st):
         return node.ino, node.is_dir  # the server's file id, which a file of the other type may get next
@@ -501,7 +507,7 @@ class SMBBackend(Capabilities, Backend):
             plain = info.FileBasicInformation(attributes=(a.attributes & ~info.ATTR_READONLY) or info.ATTR_NORMAL)
             await self._call([m.create(path, m.DELETE | m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES, m.OPEN, options),
                               m.set_info(info.FILE_BASIC, plain.pack()), dispose, m.close()], path)
-        _changed(self.nodes.get(path))  # its other links, if any, see the link count drop
+        _unlinked(self.nodes.get(path))
         self._removed(path)
 
     async def rename(self, dir, name, newdir, newname, flags):
@@ -530,7 +536,7 @@ class SMBBackend(Capabilities, Backend):
                 raise OSError(errno.EISDIR if dst.is_dir else errno.ENOTDIR, f"{old} -> {new}") from None
             raise
         _changed(self.nodes.get(old))
-        _changed(self.nodes.get(new))  # replaced: one link fewer, seen through its others
+        _unlinked(self.nodes.get(new))  # replaced
         self._moved(old, new)
 
     # -- files ----------------------------------------------------------------------
@@ -929,6 +935,25 @@ def _access(flags):
 def _changed(node):
     if node is not None:
         node.changed()
+
+
+def _unlinked(node):
+    """A name of ``node`` went, through us: its other links, if any, see the link count drop."""
+    if node is not None:
+        node.changed()
+        if node.nlink:
+            node.nlink -= 1
+
+
+def _nlink(node, a):
+    """The link count of the file ``a`` (of ``node``, if known).  A directory listing carries none: the
+    count the node last had answers, else 1, as the Linux cifs client makes up for a file it did
+    not know (and keeps what it knew), so that `ls -l` does not undo what a stat found."""
+    if a.nlink is None:
+        return node.nlink if node is not None and node.nlink is not None and node.is_dir == a.is_dir else 1
+    if node is not None and node.is_dir == a.is_dir:
+        node.nlink = a.nlink
+    return a.nlink
 
 
 def _query_all(file_id=m.RELATED):

@@ -44,7 +44,7 @@ class Attributes:
     attributes: int
     size: int
     allocation: int
-    nlink: int
+    nlink: int | None  # None: a directory entry carries no link count
     atime_ns: int
     mtime_ns: int
     ctime_ns: int
@@ -93,7 +93,7 @@ class FileIdBothDirectoryInformation:
             if name_len % 2 or start + name_len > len(data):
                 raise WireError(f"FileIdBothDirectoryInformation: name of {name_len} bytes outside the reply")
             name = bytes(data[start:start + name_len]).decode("utf-16-le", "surrogatepass")
-            entries.append((name, Attributes(file_id, attrs, eof, alloc, 1, from_filetime(atime),
+            entries.append((name, Attributes(file_id, attrs, eof, alloc, None, from_filetime(atime),
                                              from_filetime(mtime), from_filetime(ctime), from_filetime(btime))))
             if next_offset == 0:
                 return entries
