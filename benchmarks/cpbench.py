@@ -7,20 +7,14 @@ import subprocess
 
 from offloadfs.lab.demo import timed_cp
 from offloadfs.cli import read_status
+from report import GiB, KiB, MiB, draw_sizes, progress
+from report import size_label as label
 
-KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 MAX_RATIO = 1.05  # offload must never lose: against the faster of always and off
 WARM = 8 << 20  # bytes each mount reads and writes before the runs (see warm)
 MODES = {"on": [], "always": ["offload=always"], "off": ["offload=off"]}  # tag -> mount options
 # One letter a method in the "chosen" column: what moved the bytes of each run, in order.
 LETTERS = {"clone": "c", "server_copy": "s", "inter_server_copy": "i", "stream": "S"}
-
-
-def label(size):
-    for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
-        if size >= unit:
-            return f"{size // unit} {name}"
-    return f"{size} B"
 
 
 def chosen(before, after):
@@ -50,28 +44,30 @@ def medians(mounts, store, sizes, src_dir="", dst_dir="", sources=None, fresh=Fa
     for mnt in mounts.values():
         warm(mnt, store, f"src-{max(sizes)}", src_dir, dst_dir)
     results = {}
-    for size, reps in sizes.items():
-        src = f"src-{size}"
-        times = {tag: [] for tag in mounts}
-        runs = []
-        orders = list(itertools.permutations(mounts))
-        for i in range(reps):
-            for tag in orders[i % len(orders)]:
-                mnt = mounts[tag]
-                dst, copied = f"{src}.{tag}{i}", src
-                if fresh:
-                    copied = f"{dst}.src"
-                    subprocess.run(["cp", (sources or store) / src, (sources or store) / copied], check=True)
-                os.sync()
-                before = read_status(mnt)["counters"]
-                times[tag].append(timed_cp(mnt / src_dir / copied, mnt / dst_dir / dst))
-                if fresh:
-                    ((sources or store) / copied).unlink()
-                if tag == "on":
-                    runs.append(chosen(before, read_status(mnt)["counters"]))
-                (store / dst).unlink()
-        results[size] = ({tag: statistics.median(t) for tag, t in times.items()}, runs)
-        ((sources or store) / src).unlink()
+    with progress("cp", total=len(mounts) * sum(sizes.values())) as steps:
+        for size, reps in sizes.items():
+            src = f"src-{size}"
+            times = {tag: [] for tag in mounts}
+            runs = []
+            orders = list(itertools.permutations(mounts))
+            for i in range(reps):
+                for tag in orders[i % len(orders)]:
+                    mnt = mounts[tag]
+                    dst, copied = f"{src}.{tag}{i}", src
+                    if fresh:
+                        copied = f"{dst}.src"
+                        subprocess.run(["cp", (sources or store) / src, (sources or store) / copied], check=True)
+                    os.sync()
+                    before = read_status(mnt)["counters"]
+                    times[tag].append(timed_cp(mnt / src_dir / copied, mnt / dst_dir / dst))
+                    if fresh:
+                        ((sources or store) / copied).unlink()
+                    if tag == "on":
+                        runs.append(chosen(before, read_status(mnt)["counters"]))
+                    (store / dst).unlink()
+                    steps.done(f"{label(size)} {tag}")
+            results[size] = ({tag: statistics.median(t) for tag, t in times.items()}, runs)
+            ((sources or store) / src).unlink()
     return results
 
 
@@ -105,3 +101,17 @@ def row(first, size, reps, result, min_speedup=None):
         marks.append(f"under {min_speedup}x")
     return (f"  {first:6} {label(size):>8} {reps:>5} {on:11.4f} {always:9.4f} {off:12.4f} "
             f"{on / min(always, off):8.2f} {off / on:7.1f}x  {' '.join(runs)}  {'; '.join(marks)}")
+
+
+NAMES = {"on": "offload on", "always": "offload=always", "off": "offload=off"}  # MODES' tags, as the tables say
+
+
+def as_json(results):
+    """``medians``'s results, for report.save: a row a size."""
+    return [{"bytes": size, "size": label(size), "median_seconds": {NAMES[tag]: s for tag, s in times.items()},
+             "chosen": runs} for size, (times, runs) in results.items()]
+
+
+def draw(ax, title, results):
+    """``medians``'s results as seconds against size, a line a mode."""
+    draw_sizes(ax, title, {NAMES[tag]: {size: times[tag] for size, (times, _) in results.items()} for tag in MODES})

@@ -1,7 +1,7 @@
 """Benchmark tools that copy with read()+write() through offloadfs: recognised copies against sent bytes.
 
 Not a test: it prints a table and asserts nothing. Run as root:
-    .venv/bin/python benchmarks/detect.py [--size 64M] [--places smb,nfsd] [--links asymmetric]
+    .venv/bin/python benchmarks/detect.py [--size 64M] [--places smb,nfsd] [--links asymmetric] [--out DIR]
 
 rsync -a of one big file (--size, default 1 GiB), shutil.copyfile of it, and `tar c | tar x` of a tree of
 16 files as big in all, inside one share: a btrfs and an xfs share of the lab's smbd (`--places smb`, the
@@ -10,7 +10,8 @@ server), -o detect_copies=off (every byte goes up) and -o offload=off. Once on a
 once on net.ASYMMETRIC (1 Gbit down, 50 Mbit up: a laptop at home), where the upload is the bottleneck:
 at 1 GiB the runs without recognition take about 3 min each there, some 40 min in all. Every run gets a
 fresh mount and a new destination, checked against its source and removed on the server side afterwards.
-A row whose copy came out wrong is marked.
+A row whose copy came out wrong is marked. The results go to OUT/detect.json and a plot of the seconds
+to OUT/detect.png (report.py).
 """
 
 import argparse
@@ -21,6 +22,7 @@ import shutil
 import subprocess
 import time
 
+import report
 from cpbench import GiB, label
 from offloadfs.lab.demo import write_file
 from offloadfs.lab.mount import offloadfs_mount, status
@@ -113,13 +115,15 @@ def measure(place, mount_of, link, store):
     """Rows (place, tool, mode, seconds, up, down, recognised, read back, right) of every tool through
     every mode."""
     rows, serial = [], 0
-    for tool, (_, source) in TOOLS.items():
-        wanted = digests(store / source)  # once, not for each run: on the nfsd guest each read back is slow
-        for mode, options in MODES.items():
-            serial += 1
-            result = run(lambda: mount_of(options), link, store, tool, serial, wanted)
-            rows.append((place, tool, mode, *result))
-            print(f"  {place} {tool} {mode}: {result[0]:.2f} s, {amount(result[1])} up", flush=True)
+    with report.progress(place, total=len(TOOLS) * len(MODES)) as steps:
+        for tool, (_, source) in TOOLS.items():
+            wanted = digests(store / source)  # once, not for each run: on the nfsd guest each read back is slow
+            for mode, options in MODES.items():
+                serial += 1
+                result = run(lambda: mount_of(options), link, store, tool, serial, wanted)
+                rows.append((place, tool, mode, *result))
+                steps.say(f"  {place} {tool} {mode}: {result[0]:.2f} s, {amount(result[1])} up")
+                steps.done(f"{tool} {mode}")
     return rows
 
 
@@ -168,6 +172,7 @@ def main():
                         help="smb (the lab's btrfs and xfs shares), nfsd (its guest: slow) or both (smb,nfsd)")
     parser.add_argument("--links", type=lambda text: text.split(","), default=list(LINKS),
                         help="symmetric, asymmetric or both (the default: symmetric,asymmetric)")
+    report.add_out_argument(parser)
     args = parser.parse_args()
     rows_of = {"smb": samba_rows, "nfsd": nfsd_rows}
     if not args.places or not set(args.places) <= rows_of.keys():
@@ -175,12 +180,27 @@ def main():
     if not args.links or not set(args.links) <= LINKS.keys():
         parser.error(f"--links: a comma-separated list of {', '.join(LINKS)}")
     results = {}
-    for name, rate in (LINKS[link] for link in args.links):
-        print(f"{name} ...", flush=True)
-        results[name] = [row for place in args.places for row in rows_of[place](rate, args.size)]
+    with report.progress("links", total=len(args.links)) as steps:
+        for name, rate in (LINKS[link] for link in args.links):
+            results[name] = [row for place in args.places for row in rows_of[place](rate, args.size)]
+            steps.done(name)
     for name, rows in results.items():
         print(f"\nread()+write() copies of {label(args.size)} through offloadfs, {name}; one run each")
         print("\n".join(table(rows)))
+    save(args.out, args.size, results)
+
+
+def save(out, size, results):
+    """OUT/detect.json and OUT/detect.png: each tool's seconds through each mount, a plot a link."""
+    fig, axes = report.figure(f"read()+write() copies of {label(size)} through offloadfs", len(results))
+    for ax, (name, rows) in zip(axes, results.items()):
+        groups = {}
+        for place, tool, mode, seconds, *_ in rows:
+            groups.setdefault(f"{place}\n{tool}", {})[mode] = seconds
+        report.draw_bars(ax, name, groups, "seconds", log=True)
+    fields = ("place", "tool", "mount", "seconds", "bytes_up", "bytes_down", "recognised", "read_back", "right")
+    report.save(out, "detect", {"bytes": size, "links": {name: [dict(zip(fields, row)) for row in rows]
+                                                         for name, rows in results.items()}}, fig)
 
 
 if __name__ == "__main__":

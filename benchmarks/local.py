@@ -1,14 +1,15 @@
 """Benchmark offloadfs against its backing directory, side by side.
 
 Not a test: it prints figures and asserts nothing. Run as root:
-    .venv/bin/python benchmarks/local.py [--size-mib N]
+    .venv/bin/python benchmarks/local.py [--size-mib N] [--quick] [--out DIR]
 
 Throughput and stat() use a tmpfs backing directory so the figures show what
 offloadfs itself costs, not the disk.  The cp table times cp on a btrfs loop
 filesystem (an offloaded copy is a clone) and an ext4 one (copy_file_range, the
 kernel copying the bytes) through a mount where the planner chooses, one with
 -o offload=always and one with -o offload=off, taking turns (cpbench.py): the
-planner must never lose (on/best <= 1.05).
+planner must never lose (on/best <= 1.05). The results go to OUT/local.json
+and a plot of them to OUT/local.png (report.py).
 """
 
 import argparse
@@ -19,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import cpbench
+import report
 from cpbench import MODES, GiB, KiB, MiB, header, medians, row
 from offloadfs.lab.demo import write_file
 from offloadfs.lab.loopfs import loop_filesystem
@@ -27,6 +30,7 @@ from offloadfs.lab.mount import offloadfs_mount
 STAT_FILES = 1000
 CP_KINDS = ("btrfs", "ext4")
 CP_SIZES = {KiB: 12, MiB: 12, 16 * MiB: 6, 128 * MiB: 6, GiB: 6}  # size -> runs of each mode: each order as often
+QUICK = {KiB: 6, MiB: 6, 16 * MiB: 6, 128 * MiB: 6}
 
 
 def drop_caches(level=3):
@@ -115,14 +119,37 @@ def cp_table(kind, sizes):
         return medians(mounts, root, sizes)
 
 
+def save(out, size, tp, st, cp):
+    """OUT/local.json and OUT/local.png: throughput and stat() as bars, cp on each filesystem against size."""
+    fig, axes = report.figure("offloadfs on local directories", 2 + len(cp))
+    report.draw_bars(axes[0], f"sequential 1 MiB I/O, {size // MiB} MiB, tmpfs",
+                     {way: {name: rates[i] for name, rates in tp.items()} for i, way in enumerate(("write", "read"))},
+                     "MiB/s")
+    report.draw_bars(axes[1], f"stat(), {STAT_FILES} files",
+                     {when: {name: us[i] for name, us in st.items()} for i, when in enumerate(("cold", "cached"))},
+                     "median microseconds", log=True)
+    for ax, (kind, rows) in zip(axes[2:], cp.items()):
+        cpbench.draw(ax, f"cp on {kind}", rows)
+    results = {"throughput_mib_s": {name: dict(zip(("write", "read"), rates)) for name, rates in tp.items()},
+               "io_mib": size // MiB,
+               "stat_us": {name: dict(zip(("cold", "cached"), us)) for name, us in st.items()},
+               "cp": {kind: cpbench.as_json(rows) for kind, rows in cp.items()}}
+    report.save(out, "local", results, fig)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=1024)
-    size = parser.parse_args().size_mib * MiB
-    with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
+    parser.add_argument("--quick", action="store_true", help="cp up to 128 MiB, 6 runs a size")
+    report.add_out_argument(parser)
+    args = parser.parse_args()
+    size = args.size_mib * MiB
+    cp_sizes = QUICK if args.quick else CP_SIZES
+    with report.progress("throughput and stat()") as steps, tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
         tp = throughput(Path(tmp), size)
+        steps.done("throughput")
         st = stat_latency(Path(tmp))
-    cp = {kind: cp_table(kind, CP_SIZES) for kind in CP_KINDS}
+    cp = {kind: cp_table(kind, cp_sizes) for kind in CP_KINDS}
 
     base_w, base_r = tp["backing"]
     print(f"sequential 1 MiB I/O, {size // MiB} MiB, tmpfs backing")
@@ -138,7 +165,8 @@ def main():
     print(header("fs"))
     for kind, rows in cp.items():
         for n, result in rows.items():
-            print(row(kind, n, CP_SIZES[n], result))
+            print(row(kind, n, cp_sizes[n], result))
+    save(args.out, size, tp, st, cp)
 
 
 if __name__ == "__main__":

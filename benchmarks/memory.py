@@ -1,7 +1,7 @@
 """Benchmark the memory of each client's daemon under parallel sequential I/O on a Samba share.
 
 Not a test: it prints a table and asserts nothing. Run as root:
-    .venv/bin/python benchmarks/memory.py [--quick] [--copies]
+    .venv/bin/python benchmarks/memory.py [--quick] [--copies] [--out DIR]
 
 One lab smbd behind smbdemo's 1 Gbit link serves an xfs share; offloadfs, `rclone mount` and smbnetfs
 (peers.py) each mount it. On each mount in turn, 16 writers (`dd bs=1M` of 64 MiB each, new files) and 16
@@ -17,6 +17,8 @@ shutil.copyfile, dd bs=1M) each copy a file of 1 GiB (--quick: 64 MiB) at once i
 through a default mount, so their data is recognised and held until it is cloned on the server
 (recognise.py, issue #10): the daemon's memory before, at the peak and idle after, and what was
 recognised; every copy is checked on the server.
+
+The results go to OUT/memory.json (--copies: memory-copies.json) and a plot of them beside it (report.py).
 """
 
 import argparse
@@ -28,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+import report
 from offloadfs.lab.mount import status
 from offloadfs.lab.samba import samba_lab
 from offloadfs.lab.smbdemo import RATE, sha256, share_mount
@@ -113,7 +116,7 @@ COPIERS = {
 }
 
 
-def copies(mib):
+def copies(mib, out):
     """Peak memory of one default mount while the COPIERS run at once, each on a file of its own."""
     with samba_lab((COPY_KIND,), rate=RATE) as lab:
         share = lab.server.shares[COPY_KIND].path
@@ -142,15 +145,33 @@ def copies(mib):
           f"{counters['recognised_bytes'] / MiB:.0f} MiB, {counters['recognised_committed']}, "
           f"{counters['recognised_written']} B written instead")
     print("every copy right" if not wrong else f"WRONG DATA: {', '.join(wrong)}")
+    title = f"daemon memory, {len(COPIERS)} recognised copies of {mib} MiB at once, Samba {COPY_KIND} share"
+    save(out, "memory-copies", title, {"offloadfs": (before, max(sampler.peak, before), idle, seconds)},
+         {"mib": mib, "copiers": list(COPIERS), "recognised_bytes": counters["recognised_bytes"],
+          "recognised_committed": counters["recognised_committed"],
+          "recognised_written": counters["recognised_written"], "wrong": wrong})
+
+
+def save(out, name, title, rows, extra):
+    """OUT/NAME.json and OUT/NAME.png: each daemon's resident MB before, at the peak and idle after."""
+    fields = ("before", "peak", f"idle {IDLE} s")
+    fig, (ax,) = report.figure(title, 1)
+    report.draw_bars(ax, "", {tool: dict(zip(fields, (b / 1e6 for b in rss[:3]))) for tool, rss in rows.items()},
+                     "MB resident")
+    report.save(out, name, {**extra, "link": RATE, "daemons": {
+        tool: {"before_bytes": before, "peak_bytes": peak, "idle_bytes": idle, "seconds": seconds}
+        for tool, (before, peak, idle, seconds) in rows.items()}}, fig)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="4 + 4 streams of 16 MiB; copies of 64 MiB")
     parser.add_argument("--copies", action="store_true", help="offloadfs alone: recognised copies at once")
+    report.add_out_argument(parser)
     args = parser.parse_args()
     if args.copies:
-        copies(64 if args.quick else 1024)
+        with report.progress("copies at once"):
+            copies(64 if args.quick else 1024, args.out)
         return
     size = QUICK if args.quick else FULL
     install_peers()
@@ -171,10 +192,12 @@ def main():
             "rclone mount": stack.enter_context(rclone_mount(server, KIND, workdir)),
             "smbnetfs": stack.enter_context(smbnetfs_mount(server, KIND, workdir)),
         }
-        for tool, (root, sid) in mounts.items():
-            os.listdir(root)
-            subprocess.run(["sh", "-c", "echo 3 > /proc/sys/vm/drop_caches"], check=True)
-            rows[tool] = measure(tool.split()[0], root, sid, share, local, size)
+        with report.progress("each tool under load", total=len(mounts)) as steps:
+            for tool, (root, sid) in mounts.items():
+                os.listdir(root)
+                subprocess.run(["sh", "-c", "echo 3 > /proc/sys/vm/drop_caches"], check=True)
+                rows[tool] = measure(tool.split()[0], root, sid, share, local, size)
+                steps.done(tool)
     print(f"daemon memory, {size['streams']} writers + {size['streams']} readers of {size['mib']} MiB each "
           f"(dd bs=1M) on a Samba {KIND} share behind a {RATE} link; MB resident (VmRSS of the daemon's session)")
     print(f"  {'tool':14}{'before':>10}{'peak':>10}{f'idle {IDLE} s':>12}{'seconds':>10}")
@@ -183,6 +206,8 @@ def main():
     _, peak, idle, _ = rows["offloadfs"]
     print(f"offloadfs goals: peak <= {PEAK_GOAL} MB: {'met' if peak / 1e6 <= PEAK_GOAL else 'MISSED'}; "
           f"idle <= {IDLE_GOAL} MB: {'met' if idle / 1e6 <= IDLE_GOAL else 'MISSED'}")
+    save(args.out, "memory", f"daemon memory, {size['streams']} writers + {size['streams']} readers of "
+         f"{size['mib']} MiB each on a Samba {KIND} share", rows, {"size": size})
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Benchmark metadata-heavy work on a Samba share: offloadfs against rclone mount and smbnetfs.
 
 Not a test: it prints tables and asserts nothing. Run as root:
-    .venv/bin/python benchmarks/metadata.py [--quick]
+    .venv/bin/python benchmarks/metadata.py [--quick] [--out DIR]
 
 One lab smbd behind smbdemo's 1 Gbit link serves an xfs share; offloadfs, `rclone mount` (options in
 peers.RCLONE_OPTIONS) and smbnetfs each mount it. Every round each tool works on a fresh directory of its
@@ -19,6 +19,7 @@ proxy for round trips, as no tool counts its SMB requests) and the CPU time each
 spent on it (which, unlike seconds, other work on the machine barely moves). `offloadfs status --json`
 counts no requests, so a last pass mounts offloadfs again with `-o debug` and counts its FUSE requests per
 step and opcode from the log (logging every request slows it down; only the counts matter there).
+The results go to OUT/metadata.json and a plot of the seconds to OUT/metadata.png (report.py).
 """
 
 import argparse
@@ -32,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import report
 from local import drop_caches
 from offloadfs.lab.mount import status
 from offloadfs.lab.samba import samba_lab
@@ -171,9 +173,28 @@ def requests_per_step(server, local_tree, size, workdir):
     return counts
 
 
+def medians(results):
+    """{tool: {step: [median seconds, packets, CPU seconds]}} of ``measure``'s rounds."""
+    return {tool: {name: [statistics.median(column) for column in zip(*runs)] for name, runs in steps.items()}
+            for tool, steps in results.items()}
+
+
+def save(out, results, requests, size):
+    """OUT/metadata.json and OUT/metadata.png: each step's median seconds by tool."""
+    median = medians(results)
+    fig, (ax,) = report.figure(f"metadata on a Samba {KIND} share, {RATE} link: {size['files']} files of 4 KiB "
+                               f"in {size['dirs']} directories", 1)
+    report.draw_bars(ax, "", {name: {tool: median[tool][name][0] for tool in median} for name in STEPS},
+                     f"seconds (median of {size['rounds']})", log=True)
+    report.save(out, "metadata", {
+        "link": RATE, "share": KIND, "size": size, "rclone_options": list(RCLONE_OPTIONS),
+        "steps": {name: {tool: dict(zip(("seconds", "packets", "cpu_seconds"), median[tool][name]))
+                         for tool in median} for name in STEPS},
+        "fuse_requests": {name: dict(counter) for name, counter in requests.items()}}, fig)
+
+
 def print_tables(results, requests, size):
-    median = {tool: {name: [statistics.median(column) for column in zip(*runs)] for name, runs in steps.items()}
-              for tool, steps in results.items()}
+    median = medians(results)
     tools = list(median)
     heading = f"  {'step':10}" + "".join(f"{tool:>14}" for tool in tools)
     print(f"metadata on a Samba {KIND} share behind a {RATE} link: {size['files']} files of 4 KiB in "
@@ -202,7 +223,9 @@ def print_tables(results, requests, size):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="200 files, one round")
-    size = QUICK if parser.parse_args().quick else FULL
+    report.add_out_argument(parser)
+    args = parser.parse_args()
+    size = QUICK if args.quick else FULL
     install_peers()
     with contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="offloadfs-metabench-")))
@@ -217,9 +240,11 @@ def main():
         }
         for root, _ in mounts.values():
             os.listdir(root)  # connected and logged in before the clock starts
-        results = measure(server, mounts, local_tree, size)
-        requests = requests_per_step(server, local_tree, size, workdir)
+        with report.progress(f"{size['rounds']} round(s) of {len(STEPS)} steps, then a -o debug pass"):
+            results = measure(server, mounts, local_tree, size)
+            requests = requests_per_step(server, local_tree, size, workdir)
     print_tables(results, requests, size)
+    save(args.out, results, requests, size)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Benchmark `cp` on Linux nfsd through offloadfs: the planner choosing, the offload forced, no offload.
 
 Not a test: it prints a table and asserts nothing. Run as root:
-    .venv/bin/python benchmarks/nfs.py [--quick] [--between]
+    .venv/bin/python benchmarks/nfs.py [--quick] [--between] [--out DIR]
 
 The lab's nfsd runs in a qemu guest (TCG, so slow: compare ratios, not
 times), exporting an xfs with reflink: with offload a cp is a CLONE (or a
@@ -16,7 +16,8 @@ mid-copy; between guests every run copies a fresh clone of the source, as
 the pulling guest caches what it read). The planner must never lose (on/best <= 1.05) and at 64 MiB in
 one guest it should win at least 20x; rows that miss are marked. Source
 files are written through another mount and every copy gets a new name
-(deleted afterwards), so no run sees another's caches or leftovers.
+(deleted afterwards), so no run sees another's caches or leftovers. The results go to OUT/nfs.json
+(--between: nfs-between.json) and a plot of them beside it (report.py).
 """
 
 import argparse
@@ -24,6 +25,8 @@ import contextlib
 import os
 import time
 
+import cpbench
+import report
 from cpbench import MODES, KiB, MiB, header, medians, row
 from offloadfs.lab.demo import write_file
 from offloadfs.lab.mount import offloadfs_mount
@@ -63,6 +66,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes only, few repetitions")
     parser.add_argument("--between", action="store_true", help="cp from one nfsd guest to another")
+    report.add_out_argument(parser)
     args = parser.parse_args()
     started = time.monotonic()
     if args.between:
@@ -81,6 +85,10 @@ def main():
     for size, result in results.items():
         wanted = MIN_SPEEDUP_64M if size == 64 * MiB and not args.between else None
         print(row("", size, sizes[size], result, wanted))
+    name = "nfs-between" if args.between else "nfs"
+    fig, (ax,) = report.figure(f"cp through offloadfs {what}", 1)
+    cpbench.draw(ax, "", results)
+    report.save(args.out, name, {"where": what, "copies": cpbench.as_json(results)}, fig)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 smbnetfs on the Samba lab.
 
 Not a test: it prints a table and asserts nothing. Run as root:
-    .venv/bin/python benchmarks/throughput.py [--quick]
+    .venv/bin/python benchmarks/throughput.py [--quick] [--out DIR]
 
 One lab smbd serves an xfs share, once behind smbdemo's 1 Gbit link and once on the bare veth (standing in
 for a faster network). Each round each tool, in turns (the first changing each round), writes a file of
@@ -22,6 +22,7 @@ ends when its close() returns, once the server has acknowledged every byte, as `
 2026-12-06 dd ran with `conv=fsync`, whose FLUSH made smbd write the file to disk within the time: 0.4-1.6
 s of 4.5 s for 512 MiB at 1 Gbit.) Every file written is checked on the server; each round writes bytes of
 its own. Goal (issue #8): offloadfs >= 98 % of smbclient on the 1 Gbit link, >= 90 % on the bare one.
+The results go to OUT/throughput.json and a plot of them to OUT/throughput.png (report.py).
 """
 
 import argparse
@@ -33,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import report
 from local import drop_caches
 from offloadfs.lab.samba import samba_lab
 from offloadfs.lab.smbdemo import RATE, share_mount
@@ -67,7 +69,7 @@ def smbclient(server, authfile, command, *options):
     return timed("smbclient", server.unc(KIND), "-A", authfile, "-m", "SMB3", *options, "-c", command)
 
 
-def rounds(server, mounts, tmp, authfile, size):
+def rounds(server, mounts, tmp, authfile, size, steps):
     """{(tool, way): [MiB/s per round]}; ``mounts``: tool -> the directory showing the share.  Each file
     read is read once: offloadfs remembers what it served (copy recognition), and a second read of the
     same file costs it less."""
@@ -104,16 +106,32 @@ def rounds(server, mounts, tmp, authfile, size):
                     seconds = timed("dd", f"if={mounts[tool] / read}", "of=/dev/null", "bs=1M", "status=none")
                 out.setdefault((tool, way), []).append(mib / seconds)
                 (share / read).unlink()
+            steps.done(tool)
     return out
+
+
+def save(out, rows, size):
+    """OUT/throughput.json and OUT/throughput.png: median MiB/s of each tool and way, a plot a link."""
+    ways = ("write", *READS)
+    median = [(rate or "bare veth", {tool: {way: statistics.median(results[(tool, way)]) for way in ways}
+                                     for tool in TABLE}) for rate, results in rows]
+    fig, axes = report.figure(f"sequential I/O of {size['mib']} MiB on a Samba {KIND} share", len(median))
+    for ax, (link, tools) in zip(axes, median):
+        report.draw_bars(ax, f"{link} link", {way: {tool: tools[tool][way] for tool in TABLE} for way in ways},
+                         f"MiB/s (median of {size['rounds']})")
+    report.save(out, "throughput", {"share": KIND, "size": size, "mib_s": dict(median)}, fig)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="128 MiB, one round")
-    size = QUICK if parser.parse_args().quick else FULL
+    report.add_out_argument(parser)
+    args = parser.parse_args()
+    size = QUICK if args.quick else FULL
     install_peers()
     rows = []
-    with tempfile.TemporaryDirectory(prefix="offloadfs-throughput-") as tmp:
+    with (tempfile.TemporaryDirectory(prefix="offloadfs-throughput-") as tmp,
+          report.progress("rounds of each tool, each link", total=2 * size["rounds"] * (len(TABLE))) as steps):
         for r in range(size["rounds"]):
             Path(tmp, f"data-{r}").write_bytes(os.urandom(size["mib"] * MiB))
         for rate in (RATE, None):
@@ -129,7 +147,7 @@ def main():
                               stack.enter_context(share_mount(server, KIND, ["detect_copies=off"])),
                           "rclone mount": stack.enter_context(rclone_mount(server, KIND, workdir))[0],
                           "smbnetfs": stack.enter_context(smbnetfs_mount(server, KIND, workdir))[0]}
-                rows.append((rate, rounds(server, mounts, tmp, authfile, size)))
+                rows.append((rate, rounds(server, mounts, tmp, authfile, size, steps)))
     ways = ("write", *READS)
     print(f"sequential I/O of {size['mib']} MiB (dd bs=1M; smbclient put/get), Samba {KIND} share, "
           f"median MiB/s of {size['rounds']} round(s)")
@@ -143,6 +161,7 @@ def main():
             missed = [way for way, ratio in zip(ways, ratios) if ratio < GOALS[rate]]
             print(f"    {'offloadfs / ' + base:32}" + "".join(f"{ratio:12.2f}" for ratio in ratios)
                   + f"   goal {GOALS[rate]:.2f}" + (f", missed: {', '.join(missed)}" if missed else ""))
+    save(args.out, rows, size)
 
 
 if __name__ == "__main__":
