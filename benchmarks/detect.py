@@ -196,8 +196,8 @@ def save(out, size, results):
     for ax, (name, rows) in zip(axes, results.items()):
         groups = {}
         for place, tool, mode, seconds, *_ in rows:
-            groups.setdefault(f"{place}\n{tool}", {})[mode] = seconds
-        report.draw_bars(ax, name, groups, "seconds", log=True)
+            groups.setdefault(f"{tool}\n{place}", {})[mode] = seconds
+        report.draw_bars(ax, name, groups, "seconds")
     fields = ("place", "tool", "mount", "seconds", "bytes_up", "bytes_down", "recognised", "read_back", "right")
     report.save(out, "detect", {"bytes": size, "links": {name: [dict(zip(fields, row)) for row in rows]
                                                          for name, rows in results.items()}}, fig)

@@ -19,6 +19,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on a server
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import LogFormatter  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,  # noqa: E402
                            TimeRemainingColumn)
@@ -99,7 +100,8 @@ def draw_sizes(ax, title, series, ylabel="seconds (median)"):
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(every, [size_label(s) for s in every])
-    ax.minorticks_off()
+    ax.xaxis.set_minor_locator(plt.NullLocator())
+    _plain_numbers(ax.yaxis)
     ax.set(title=title, xlabel="size", ylabel=ylabel)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize="small")
@@ -112,13 +114,26 @@ def draw_bars(ax, title, groups, ylabel, log=False):
     for i, name in enumerate(names):
         xs = [g + (i - (len(names) - 1) / 2) * width for g, values in enumerate(groups.values()) if name in values]
         ax.bar(xs, [values[name] for values in groups.values() if name in values], width, label=name)
-    ax.set_xticks(range(len(groups)), list(groups), rotation=20 if len(groups) > 4 else 0, ha="right"
-                  if len(groups) > 4 else "center")
+    ax.set_xticks(range(len(groups)), list(groups), fontsize="small")
     if log:
         ax.set_yscale("log")
+        _plain_numbers(ax.yaxis)
     ax.set(title=title, ylabel=ylabel)
+    ax.margins(y=0.3)  # room for the legend above the bars
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize="small")
+
+
+class _Plain(LogFormatter):
+    """Log-scale ticks as 0.5, 2, 300 rather than 5x10^-1: the tables print them so."""
+
+    def _num_to_string(self, x, vmin, vmax):
+        return f"{x:g}"
+
+
+def _plain_numbers(axis):
+    axis.set_major_formatter(_Plain())
+    axis.set_minor_formatter(_Plain(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
 
 
 def _commit():
