@@ -92,3 +92,25 @@ def test_helper_bad_usage_exits_1():
     helper = Path(sys.executable).parent / "mount.offloadfs"
     proc = subprocess.run([helper, "only-a-source"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def utab_lines(mountpoint):
+    """libmount's lines in /run/mount/utab for ``mountpoint`` (mount(8) writes one for _netdev, x-*, ...)."""
+    try:
+        with open("/run/mount/utab") as f:
+            return [line for line in f if f"TARGET={mountpoint} " in line]
+    except FileNotFoundError:
+        return []
+
+
+def test_umount_forgets_the_utab_line(helper, backing, mountpoint, tmp_path):
+    """An fstab mount with userspace options leaves a utab line; `offloadfs umount` takes it away,
+    as umount(8) does, or findmnt and systemd go on reading _netdev for the next mount there."""
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"{backing()} {mountpoint} offloadfs _netdev,x-offloadfs.test 0 0\n")
+    sh("mount", "-T", fstab, mountpoint)
+    assert utab_lines(mountpoint), "mount(8) wrote no utab line: nothing to test"
+    sh(sys.executable, "-m", "offloadfs", "umount", mountpoint)
+    assert not is_mounted(mountpoint)
+    assert utab_lines(mountpoint) == []
+

@@ -144,19 +144,18 @@ def _wait_ready(fd, pid, mountpoint):
 
 def do_umount(mountpoint, lazy, force=False):
     mountpoint = os.path.realpath(mountpoint)
-    here = fusemount.is_mounted(mountpoint)
-    dev = fusemount.device(mountpoint) if here else None
-    elsewhere = fusemount.holders(mountpoint, dev)
+    here = fusemount.mount_entry(mountpoint) if fusemount.is_mounted(mountpoint) else None
+    elsewhere = fusemount.holders(mountpoint, here and here.dev)
     if not here and not elsewhere:
         raise Failed(f"{mountpoint}: not an offloadfs mount")
     if force:
         fusemount.force_unmount(mountpoint, elsewhere)
         return 0
-    if elsewhere:
-        holders = ", ".join(f"pid {pid} {_comm(pid)}" for pid, _, _ in elsewhere[:3])
-        what = "also mounted" if here else "not mounted here, but the daemon still serves it"
-        raise Failed(f"{mountpoint}: {what} in {len(elsewhere)} other mount namespace(s) ({holders}); "
-                     f"'offloadfs umount --force {mountpoint}' ends it everywhere")
+    # Copies the unmount here takes along (peers and slaves of a shared mount) do not keep the daemon.
+    outliving = fusemount.outliving(elsewhere, here) if here else elsewhere
+    if outliving:
+        raise _held_elsewhere(mountpoint, outliving, "also mounted" if here else
+                              "not mounted here, but the daemon still serves it")
     try:
         fusemount.unmount(mountpoint, lazy=lazy)
     except OSError as e:
@@ -164,7 +163,16 @@ def do_umount(mountpoint, lazy, force=False):
             raise Failed(f"{mountpoint}: busy (files open or a process inside); "
                          f"'offloadfs umount -l' detaches it now") from None
         raise Failed(str(e)) from None
+    left = fusemount.holders(mountpoint, here.dev)
+    if left:  # propagation other than mountinfo told
+        raise _held_elsewhere(mountpoint, left, "unmounted here, but still mounted")
     return 0
+
+
+def _held_elsewhere(mountpoint, copies, what):
+    holders = ", ".join(f"pid {copy.pid} {_comm(copy.pid)}" for copy in copies[:3])
+    return Failed(f"{mountpoint}: {what} in {len(copies)} other mount namespace(s) ({holders}); "
+                  f"'offloadfs umount --force {mountpoint}' ends it everywhere")
 
 
 def _comm(pid):
