@@ -114,3 +114,47 @@ def test_umount_forgets_the_utab_line(helper, backing, mountpoint, tmp_path):
     assert not is_mounted(mountpoint)
     assert utab_lines(mountpoint) == []
 
+
+def test_relative_source_is_recorded_absolute(backing, mountpoint):
+    src = backing()
+    sh(sys.executable, "-m", "offloadfs", "mount", src.name, mountpoint, cwd=src.parent)
+    found = sh("findmnt", "-n", "-o", "SOURCE", mountpoint)
+    assert found.strip() == str(src)
+
+
+@pytest.mark.parametrize("source, options", [
+    ("/nonexistent/offloadfs-src", "defaults"),
+    ("smb://alice@127.0.0.1/share", "credentials=/nonexistent/offloadfs.cred"),
+])
+def test_fake_mount_checks_the_source_as_a_mount_would(helper, mountpoint, source, options):
+    """mount -f fails where mount would (exit 32, one line), without mounting or reaching a server."""
+    proc = subprocess.run(["mount", "-f", "-t", "offloadfs", source, mountpoint, "-o", options],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 32 and "nonexistent" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not is_mounted(mountpoint)
+
+
+SECRET = "s3cr3t-in-url"
+
+
+@pytest.mark.parametrize("source, options, says", [
+    # malformed options and sources: a wrong invocation, exit 1 as README and --help say
+    ("smb://alice@127.0.0.1/share", "vers=1.0", "vers=1.0"),
+    ("smb://127.0.0.1/share", "", "no user name"),
+    (f"smb://alice:{SECRET}@127.0.0.1/share", "", "credentials="),
+    # other tools' forms: the message gives ours
+    ("//127.0.0.1/share/dir", "", "smb://127.0.0.1/share/dir"),
+    ("127.0.0.1:/export/dir", "", "nfs://127.0.0.1/export/dir"),
+    ("smb://alice@127.0.0.1/share", "user=alice", "username="),
+    ("smb://alice@127.0.0.1/share", "password=x", "credentials="),
+    ("nfs://127.0.0.1/export", "vers=4.2", "minorversion=2"),
+])
+def test_malformed_options_exit_1_with_the_right_form(helper, mountpoint, source, options, says):
+    cmd = ["mount", "-t", "offloadfs", source, mountpoint] + (["-o", options] if options else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**os.environ, "PASSWD": "pw"})
+    print(proc.stderr)
+    assert proc.returncode == 1 and says in proc.stderr, proc.stderr
+    assert SECRET not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not is_mounted(mountpoint)
+

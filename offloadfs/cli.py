@@ -19,7 +19,7 @@ import time
 from . import logs
 from .backends import SourceError
 from .fuse import mount as fusemount
-from .options import OptionError, parse
+from .options import OptionError, check_sources, parse
 
 STATUS_XATTR = "user.offloadfs.status"
 READY_TIMEOUT = 30
@@ -55,11 +55,12 @@ def _check_mountpoint(path):
 
 
 def do_mount(source, mountpoint, options, foreground, fake=False, verbose=False):
-    """Mount; ``fake`` (mount -f) checks the mountpoint and options and stops short of mounting."""
+    """Mount; ``fake`` (mount -f) checks the sources, mountpoint and options and stops short of mounting."""
     from . import daemon
 
     # Resolved now, while nothing is mounted there: the daemon must never stat its own mount.
     config = parse(os.path.realpath(mountpoint), source, options)
+    check_sources(config)
     _check_mountpoint(mountpoint)
     if fake:
         return 0
@@ -356,7 +357,7 @@ def mount_helper_main(argv=None):
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing directory")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTIONS",
                    help="mount options, as offloadfs mount -o (see offloadfs mount --help)")
-    p.add_argument("-f", dest="fake", action="store_true", help="fake: check the options and MOUNTPOINT, mount nothing")
+    p.add_argument("-f", dest="fake", action="store_true", help="fake: check SOURCE, the options and MOUNTPOINT, mount nothing")
     p.add_argument("-s", action="store_true", help="sloppy (accepted; unknown options are still refused)")
     p.add_argument("-n", action="store_true", help="no mtab (there is none to write)")
     p.add_argument("-v", action="store_true", help="verbose: say where the daemon logs")
