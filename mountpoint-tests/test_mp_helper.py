@@ -115,6 +115,15 @@ def test_umount_forgets_the_utab_line(helper, backing, mountpoint, tmp_path):
     assert utab_lines(mountpoint) == []
 
 
+def test_findmnt_finds_the_mount_by_the_type_help_names(helper, backing, mountpoint):
+    """FUSE shows the type as fuse.offloadfs, never offloadfs: the helper's --help names the form that finds it."""
+    sh("mount", "-t", "offloadfs", backing(), mountpoint)
+    helper_help = sh(Path(sys.executable).parent / "mount.offloadfs", "--help")
+    assert "findmnt -t fuse.offloadfs" in helper_help
+    found = sh("findmnt", "-n", "-o", "TARGET", "-t", "fuse.offloadfs", mountpoint)
+    assert found.strip() == str(mountpoint)
+
+
 def test_relative_source_is_recorded_absolute(backing, mountpoint):
     src = backing()
     sh(sys.executable, "-m", "offloadfs", "mount", src.name, mountpoint, cwd=src.parent)
@@ -158,3 +167,18 @@ def test_malformed_options_exit_1_with_the_right_form(helper, mountpoint, source
     assert SECRET not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not is_mounted(mountpoint)
 
+
+@pytest.mark.parametrize("options, warned", [("", True), ("_netdev,", False)])
+def test_network_source_in_fstab_without_netdev_is_warned_of(helper, smb, mountpoint, tmp_path, options, warned):
+    """Without _netdev systemd takes an fstab or unit mount of type offloadfs for a local filesystem:
+    mounted before the network is up, and its failure at boot stops in emergency mode.  The mount
+    itself goes ahead."""
+    url, server_dir = smb.fresh_dir("ext4")
+    (server_dir / "f").write_bytes(b"on the share")
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"{url} {mountpoint} offloadfs {options}credentials={smb.credentials} 0 0\n")
+    proc = subprocess.run(["mount", "-T", fstab, mountpoint], capture_output=True, text=True, timeout=60)
+    print(proc.stderr)
+    assert proc.returncode == 0, proc.stderr
+    assert ("_netdev" in proc.stderr) == warned, proc.stderr
+    assert (mountpoint / "f").read_bytes() == b"on the share"

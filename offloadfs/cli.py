@@ -19,6 +19,7 @@ import time
 from . import logs
 from .backends import SourceError
 from .fuse import mount as fusemount
+from .backends import scheme_of
 from .options import OptionError, check_sources, parse
 
 STATUS_XATTR = "user.offloadfs.status"
@@ -54,14 +55,19 @@ def _check_mountpoint(path):
         raise Failed(f"mountpoint {path}: already a mount point")
 
 
-def do_mount(source, mountpoint, options, foreground, fake=False, verbose=False):
-    """Mount; ``fake`` (mount -f) checks the sources, mountpoint and options and stops short of mounting."""
+def do_mount(source, mountpoint, options, foreground, fake=False, verbose=False, by_mount8=False):
+    """Mount; ``fake`` (mount -f) checks the sources, mountpoint and options and stops short of mounting.
+
+    ``by_mount8``: mount(8) runs us, for fstab or a systemd unit, where a network source needs _netdev.
+    """
     from . import daemon
 
     # Resolved now, while nothing is mounted there: the daemon must never stat its own mount.
     config = parse(os.path.realpath(mountpoint), source, options)
     check_sources(config)
     _check_mountpoint(mountpoint)
+    if by_mount8:
+        _warn_without_netdev(config, options)
     if fake:
         return 0
     log = logs.choose(config.logfile, foreground)
@@ -78,6 +84,16 @@ def do_mount(source, mountpoint, options, foreground, fake=False, verbose=False)
         _daemon_child(config, log, write_end)
     os.close(write_end)
     return _wait_ready(read_end, pid, config.mountpoint)
+
+
+def _warn_without_netdev(config, options):
+    """systemd knows cifs and nfs for network filesystems, not offloadfs: without _netdev an fstab line or
+    unit is mounted before the network is up, and its failure at boot ends in emergency mode."""
+    network = sorted({scheme_of(url) for url in config.sources.values()} - {"file"})
+    if network and "_netdev" not in (o for s in options for o in s.split(",")):
+        print(f"offloadfs: warning: a {network[0]}:// source without _netdev: in fstab or a systemd unit "
+              f"add _netdev, or it is mounted before the network is up and a failure at boot "
+              f"ends in emergency mode", file=sys.stderr)
 
 
 def _daemon_child(config, log, ready_fd):
@@ -262,7 +278,8 @@ MOUNT_OPTIONS = [
     ("SMB: username=, domain=, port=, file_mode=, dir_mode=, seal, vers=",
      "as in mount.cifs; vers: 3.1.1, 3.0.2, 3.0, 2.1"),
     ("NFS: soft, hard, timeo=, retrans=, rsize=, wsize=, minorversion=", "as in nfs(5)"),
-    ("defaults, noauto, nofail, _netdev, x-*, ...", "accepted and ignored, for fstab"),
+    ("defaults, noauto, nofail, x-*, ...", "accepted and ignored, for fstab"),
+    ("_netdev", "for fstab and units: tells systemd a smb:// or nfs:// mount needs the network"),
 ]
 EXIT_STATUS = "exit status: 0 done, 1 wrong invocation or option, 32 the mount or unmount failed"
 
@@ -352,7 +369,8 @@ def mount_helper_main(argv=None):
                 "and fstab lines of type offloadfs.  See mount.offloadfs(8).",
                 epilog="examples:\n  mount -t offloadfs /srv/data /mnt/data -o passthrough\n"
                 "  mount -t offloadfs smb://backup@nas/data /mnt/nas -o credentials=/etc/offloadfs/nas.cred\n"
-                "  mount -t offloadfs offloadfs /mnt/all -o config=/etc/offloadfs.toml\n\n" + EXIT_STATUS)
+                "  mount -t offloadfs offloadfs /mnt/all -o config=/etc/offloadfs.toml\n\n"
+                "mounted, the type shows as fuse.offloadfs (FUSE's form): findmnt -t fuse.offloadfs\n\n" + EXIT_STATUS)
     p.add_argument("source", metavar="SOURCE", help="a path or URL; offloadfs or none with source=/config=")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing directory")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTIONS",
@@ -366,4 +384,5 @@ def mount_helper_main(argv=None):
     args = p.parse_args(argv)
     # fstab needs a first field; with source=/config= options it is only a label.
     source = None if args.source in ("offloadfs", "none") else args.source
-    return _run(lambda: do_mount(source, args.mountpoint, args.options, False, fake=args.fake, verbose=args.v))
+    return _run(lambda: do_mount(source, args.mountpoint, args.options, False, fake=args.fake, verbose=args.v,
+                                 by_mount8=True))
