@@ -86,15 +86,15 @@ def test_credentials_file_readable_by_others_is_refused(creds):
         open_backend("smb://alice@h/s", {"credentials": path})
     assert "readable by group or others" in str(e.value) and f"chmod 600 {path}" in str(e.value)
     assert SECRET not in str(e.value)
-    with pytest.raises(ValueError, match="readable by group"):
+    with pytest.raises(SourceError, match="readable by group"):
         parse("smb://alice@h/s", {"credentials": creds(mode=0o640)})
 
 
 def test_credentials_file_errors_never_quote_a_line(creds):
-    with pytest.raises(ValueError, match="line 2") as e:
+    with pytest.raises(SourceError, match="line 2") as e:
         parse("smb://h/s", {"credentials": creds(f"username=a\n{SECRET}\n")})
     assert SECRET not in str(e.value)
-    with pytest.raises(ValueError, match="No such file"):
+    with pytest.raises(SourceError, match="No such file"):
         parse("smb://h/s", {"credentials": "/nonexistent/cred"})
 
 

@@ -101,6 +101,7 @@ def _access(flags):
 
 class NFSBackend(Backend):
     OPTIONS = url.OPTIONS
+    HINTS = url.HINTS
     clears_setid_on_write = True  # as the Linux client has it; nfsd and ganesha do (test_mp_posix)
 
     def __init__(self, source_url, options):

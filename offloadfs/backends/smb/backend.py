@@ -110,6 +110,7 @@ class File:
 
 class SMBBackend(Capabilities, Backend):
     OPTIONS = url.OPTIONS
+    HINTS = url.HINTS
 
     def __init__(self, source_url, options):
         self.url = source_url

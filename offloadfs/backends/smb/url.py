@@ -16,6 +16,9 @@ from smbprotocol.connection import Dialects
 from .. import SourceError
 
 OPTIONS = frozenset({"credentials", "username", "domain", "file_mode", "dir_mode", "seal", "vers", "port"})
+# mount.cifs options we take in another form
+_PASSWORD_HINT = "the password goes in a credentials=FILE (a password= line, mode 0600) or in $PASSWD"
+HINTS = {"user": "use username=NAME", "password": _PASSWORD_HINT, "pass": _PASSWORD_HINT}
 
 DIALECTS = {
     "2.1": Dialects.SMB_2_1_0,
@@ -57,9 +60,8 @@ def parse(url, options, environ=os.environ):
     if parts.scheme.lower() != "smb":
         raise ValueError("not an smb:// URL")
     if parts.password is not None:
-        # open_backend would quote the URL back, password and all.
-        raise SourceError("smb:// URL with a password: remove it and use -o credentials=FILE "
-                          "or the PASSWD environment variable")
+        raise ValueError("a password in the URL shows in ps and /proc/mounts: remove it and use "
+                         "-o credentials=FILE or the PASSWD environment variable")
     host = parts.hostname
     if not host:
         raise ValueError("no server in the URL (smb://[user@]host[:port]/share[/path])")
@@ -103,17 +105,20 @@ def parse(url, options, environ=os.environ):
 
 
 def read_credentials(path):
-    """username=/password=/domain= lines (or user=, pass=, dom=) of a file only its owner may read."""
+    """username=/password=/domain= lines (or user=, pass=, dom=) of a file only its owner may read.
+
+    What is wrong with the file is a SourceError: a mount that fails (exit 32), as with a missing source.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
-        raise ValueError(f"credentials file {path}: {e.strerror}") from None
+        raise SourceError(f"credentials file {path}: {e.strerror}") from None
     with open(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"credentials file {path}: not a regular file")
+            raise SourceError(f"credentials file {path}: not a regular file")
         if st.st_mode & 0o077:
-            raise ValueError(f"credentials file {path}: readable by group or others "
+            raise SourceError(f"credentials file {path}: readable by group or others "
                              f"(mode {stat.S_IMODE(st.st_mode):04o}); run chmod 600 {path}")
         text = f.read().decode("utf-8", "replace")
     creds = {}
@@ -126,7 +131,7 @@ def read_credentials(path):
         key = next((full for prefix, full in CREDENTIAL_KEYS.items() if key.startswith(prefix)), None)
         if not eq or key is None:
             # Never quote the line: it may hold the password.
-            raise ValueError(f"credentials file {path}, line {number}: expected username=, password= or domain=")
+            raise SourceError(f"credentials file {path}, line {number}: expected username=, password= or domain=")
         creds[key] = value if key == "password" else value.strip()
     return creds
 
