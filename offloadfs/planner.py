@@ -166,7 +166,7 @@ class Planner:
         methods = methods[:-1] if offload_only else self.choose(route, methods, length)
         if length == 0 or not methods:
             return {}
-        record = self.stats.start_copy(src.label, dst.label, length)
+        record = self.stats.start_copy(src.label, dst.label, length, recognised=offload_only)
         failed = True
         try:
             head = clone_head(dst.backend, off_in, off_out, length) if methods[0] == "clone" else 0
