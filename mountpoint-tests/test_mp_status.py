@@ -145,7 +145,8 @@ def test_watch_draws_bars_and_ends_with_the_mount(backing, mount):
         assert f"{mnt.path}/big".encode() in screen
         unmount(mnt.path)
         read_until(main, lambda _: watch.poll() is not None, 30)
-        assert watch.poll() == 1 and "not an offloadfs mount" in watch.stderr.read()
+        # Issue #31: it said "not an offloadfs mount", as if the wrong path had been given.
+        assert watch.poll() == 0 and watch.stderr.read() == f"offloadfs: {mnt.path}: the mount has ended\n"
     finally:
         if watch.poll() is None:
             watch.kill()

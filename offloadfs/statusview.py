@@ -5,6 +5,7 @@ worked out here from ``bytes_done`` and ``started`` as the daemon does, so a
 daemon started before an upgrade still shows them.
 """
 import os
+import sys
 import time
 
 from rich.console import Console, Group
@@ -115,12 +116,20 @@ def _live(statuses):
     return Group(*parts)
 
 
-def watch(gather):
-    """Redraw ``gather()`` until interrupted; an error from it (the mount went away) ends the watch."""
-    with Live(_live(gather()), console=Console(), auto_refresh=False) as live:
+def watch(gather, ended):
+    """Redraw ``gather()`` until interrupted.  ``ended`` from it, once drawn, is the mount gone
+    (unmounted): said, and the watch is done; any other error ends it as that error (the daemon died)."""
+    statuses = gather()
+    with Live(_live(statuses), console=Console(), auto_refresh=False) as live:
         try:
             while True:
                 time.sleep(WATCH_INTERVAL)
-                live.update(_live(gather()), refresh=True)
+                statuses = gather()
+                live.update(_live(statuses), refresh=True)
         except KeyboardInterrupt:
             return 0
+        except ended:
+            pass
+    for status in statuses:
+        print(f"offloadfs: {status['mountpoint']}: the mount has ended", file=sys.stderr)
+    return 0
