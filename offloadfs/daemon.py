@@ -157,9 +157,13 @@ async def serve(config, on_ready):
 
 def mounted(config):
     """The line each mount's part of a shared log opens with."""
+    try:
+        version = importlib.metadata.version("offloadfs")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, never installed
+        version = "(not installed)"
     sources = ", ".join(url if name == "source" else f"{name}={url}" for name, url in config.sources.items())
-    return (f"offloadfs {importlib.metadata.version('offloadfs')}: mounted {sources} on {config.mountpoint}, "
-            f"options {','.join(config.options) or 'none'}")
+    options = ",".join(config.options) or "none"
+    return f"offloadfs {version}: mounted {sources} on {config.mountpoint}, options {options}"
 
 
 def run(config, on_ready):
