@@ -74,7 +74,7 @@ def test_v_says_where_logs_go_without_logfile(backing, mountpoint):
     assert f"logs go to {where}" in proc.stdout, proc.stdout
 
 
-def test_one_log_for_two_mounts_names_each_line_s_mount(backing, tmp_path):
+def test_two_mounts_in_one_log_name_their_lines(backing, tmp_path):
     """Issue #31: mounts share one log, and a line carried a pid but no mountpoint.  Each mount
     starts with a line that says what it mounted, where, which version and with what options."""
     log = tmp_path / "offloadfs.log"

@@ -156,7 +156,8 @@ async def serve(config, on_ready):
 
 
 def mounted(config):
-    """The line each mount's part of a shared log opens with."""
+    """The line that says, once the kernel has spoken to us, what was mounted where, by which
+    version and with which options: where a mount's part of a shared log begins."""
     try:
         version = importlib.metadata.version("offloadfs")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree, never installed
