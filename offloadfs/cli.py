@@ -35,6 +35,10 @@ class Failed(Exception):
     """The command was right but did not work (exit 32)."""
 
 
+class NotMounted(UsageError):
+    """Nothing of ours is mounted there: never was, or (under status --watch) no longer is."""
+
+
 def _fail(msg, code=EX_FAIL):
     print(f"offloadfs: {msg}", file=sys.stderr)
     return code
@@ -207,7 +211,7 @@ def read_status(mountpoint):
         if e.errno == errno.ENOTCONN:
             raise UsageError(f"{mountpoint}: the daemon is gone; run 'offloadfs umount {mountpoint}'") from None
         if e.errno in (errno.ENODATA, errno.EOPNOTSUPP, errno.ENOTSUP):
-            raise UsageError(f"{mountpoint}: not an offloadfs mount") from None
+            raise NotMounted(f"{mountpoint}: not an offloadfs mount") from None
         raise UsageError(f"{mountpoint}: {e.strerror}") from None
 
 
@@ -226,7 +230,7 @@ def do_status(mountpoint, as_json, watch=False):
         return found
 
     if watch:
-        return statusview.watch(gather)
+        return statusview.watch(gather, ended=NotMounted)
     statuses = gather()
     if not as_json:
         print(statusview.text(statuses) if statuses else "no offloadfs mounts")

@@ -43,6 +43,7 @@ class MountConfig:
     logfile: str = None  # where the daemon logs instead of the journal, syslog or the default file
     fs: Options = field(default_factory=Options)
     backend_options: dict = field(default_factory=dict)  # name -> value, or True for a flag
+    options: list = field(default_factory=list)  # as given, for the log's first line
 
     @property
     def fsname(self):
@@ -122,9 +123,9 @@ def read_config_file(config, path):
 
 def parse(mountpoint, source, option_strings):
     """Build a MountConfig from the positional SOURCE (or None) and the -o strings."""
-    config = MountConfig(mountpoint=mountpoint)
+    config = MountConfig(mountpoint=mountpoint, options=[o for s in option_strings for o in s.split(",") if o])
     fs = config.fs
-    for opt in (o for s in option_strings for o in s.split(",") if o):
+    for opt in config.options:
         name, eq, value = opt.partition("=")
         if opt in IGNORED or opt.startswith(IGNORED_PREFIXES):
             continue
