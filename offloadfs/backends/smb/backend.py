@@ -49,6 +49,7 @@ LIST_MAX_BYTES = 1 << 29  # of replies: a million entries with names of 255 UTF-
 # server handles one while the next crosses the link (1 Gbit lab: sequential 8 MiB writes 65 -> 104 MB/s).
 PIECE = 1 << 20
 LISTED_FOR = 1.0  # seconds a directory listing answers lookups (READDIRPLUS looks up every entry)
+CLOSE_AFTER = 1.0  # seconds a read-only handle under a lease stays open after its last release (cifs closetimeo)
 # What an SMB name cannot hold: a path separator, a stream name, wildcards, control characters
 BAD_NAME = re.compile(r'[\\:*?"<>|\x00-\x1f]')
 # Longest share path we make, in UTF-8 bytes (not characters: 2-byte ones fail at the same byte count): Samba
@@ -124,6 +125,7 @@ class SMBBackend(Capabilities, Backend):
         self.copy_limits = CopyLimits()
         self._reopening = trio.Lock()
         self._listed = {}  # path -> (Attributes, expiry) from the last listings; see lookup()
+        self.deferred = {}  # Node -> (File, trio.CancelScope of its timer): released, kept open (see release)
         self.requests = collections.Counter()  # command name -> requests sent
         self.round_trips = 0  # requests and compounds sent, each answered before its caller goes on
 
@@ -134,7 +136,8 @@ class SMBBackend(Capabilities, Backend):
     # -- plumbing -------------------------------------------------------------------
 
     def counters(self):
-        return {"smb_requests": dict(self.requests), "smb_round_trips": self.round_trips}
+        return {"smb_requests": dict(self.requests), "smb_round_trips": self.round_trips,
+                "smb_handles_kept": len(self.deferred)}
 
     async def _send(self, msgs, generation=None):
         """Every request of the backend goes out here (Client.call), counted for status and logged with -o debug:
@@ -375,6 +378,8 @@ class SMBBackend(Capabilities, Backend):
         return node.ino, node.is_dir  # the server's file id, which a file of the other type may get next
 
     def forget(self, node):
+        if node in self.deferred:
+            trio.lowlevel.spawn_system_task(self._close_deferred, node)
         for p in node.paths:
             if self.nodes.get(p) is node:
                 self._drop(p)
@@ -435,6 +440,7 @@ class SMBBackend(Capabilities, Backend):
         if await self._borrowing(file, node, files, apply):
             return await self.getattr(node, file)
         path = _path(node)
+        await self._close_deferred_below(path)
         access = m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES | (m.WRITE_DATA if size is not None else 0)
         bodies = await self._call([m.create(path, access), *(m.set_info(*c) for c in changes), _query_all(), m.close()],
                                   path)
@@ -496,6 +502,7 @@ class SMBBackend(Capabilities, Backend):
     async def _delete(self, path, options):
         """Delete on close; open handles (ours share delete access) keep working until closed."""
         self._listed.clear()
+        await self._close_deferred_below(path)
         dispose = m.set_info(info.FILE_DISPOSITION, info.FileDispositionInformation().pack())
         try:
             await self._call([m.create(path, m.DELETE | m.READ_ATTRIBUTES, m.OPEN, options), dispose, m.close()], path)
@@ -518,6 +525,7 @@ class SMBBackend(Capabilities, Backend):
         if old == new:
             return
         replace = not flags & RENAME_NOREPLACE
+        await self._close_deferred_below(old, new)
         move = info.FileRenameInformation(replace, new).pack()
         try:
             await self._call([m.create(old, m.DELETE | m.READ_ATTRIBUTES), m.set_info(info.FILE_RENAME, move),
@@ -545,6 +553,13 @@ class SMBBackend(Capabilities, Backend):
         truncate = flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY
         if truncate:
             self._listed.clear()  # a listing's size of the file is wrong from now on
+        elif _access(flags) == m.READ:
+            file = self._undefer(node)
+            if file is not None and self._may_keep(file):
+                node.files.append(file)
+                return file  # no attributes: the filesystem asks through the handle (opened() is None)
+            if file is not None:
+                await self._close(file)
         file, a = await self._by_name(node, lambda path: self._open(
             node, path, _access(flags), m.OVERWRITE if truncate else m.OPEN, 0 if node.is_dir else m.NON_DIRECTORY_FILE))
         if not _same(node, a):
@@ -718,8 +733,69 @@ class SMBBackend(Capabilities, Backend):
         await self._file_call(file, m.flush)
 
     async def release(self, file):
-        if file.node is not None and file in file.node.files:  # None: create() failed to open it
-            file.node.files.remove(file)
+        """Closes the handle, or keeps it open for CLOSE_AFTER seconds (as the Linux cifs client does):
+        the last read-only handle of a file whose lease holds read and handle caching.  An open of
+        the file for reading within that time takes it back (no CREATE), and since the lease was
+        never given up, the kernel keeps the file's pages (Leases.caching holds its value).  It is
+        closed at the timeout, when the lease is broken (another client opens the file in a way that
+        conflicts, or writes it), before our own unlink, rename or setattr by name (Samba refuses to
+        rename or delete over an open handle, or leaves the name behind delete-pending), when the
+        filesystem forgets the node, and at unmount.  Handles open for writing are closed at once:
+        their close is where a write error is last reported, and where a durable handle's reconnect
+        would have to be kept exact."""
+        node = file.node
+        if node is not None and file in node.files:  # None: create() failed to open it
+            node.files.remove(file)
+            if not node.files and node not in self.deferred and self._may_keep(file) and node.path is not None:
+                scope = trio.CancelScope()
+                self.deferred[node] = file, scope
+                trio.lowlevel.spawn_system_task(self._close_later, node, scope)
+                return
+        await self._close(file)
+
+    def _may_keep(self, file):
+        """True if ``file`` may stay open past its release, or be taken back: read-only, on the current
+        connection, under a lease that holds read and handle caching there."""
+        lease = file.lease
+        return (file.access == m.READ and file.lost is None and lease is not None
+                and file.generation == self.client.generation == lease.generation
+                and lease.state & leases.ASKED == leases.ASKED)
+
+    def _undefer(self, node):
+        """The handle kept open for ``node`` (its timer stopped), or None."""
+        file, scope = self.deferred.pop(node, (None, None))
+        if scope is not None:
+            scope.cancel()
+        return file
+
+    async def _close_later(self, node, scope):
+        with scope:
+            await trio.sleep(CLOSE_AFTER)
+        if not scope.cancelled_caught:
+            await self._close_deferred(node)
+
+    async def _close_deferred(self, node):
+        """Close the handle kept open for ``node``, if any.  Also run as a system task: nothing may escape
+        (a connection lost meanwhile, or the mount ended, took the handle with it)."""
+        file = self._undefer(node)
+        if file is not None:
+            try:
+                await self._close(file)
+            except Exception as e:
+                log.debug("closing a handle kept open: %s", e)
+
+    def _deferred_broken(self, node):
+        """A break of ``node``'s lease (see leases.Lease.broken): a handle kept open closes now."""
+        if node in self.deferred:
+            trio.lowlevel.spawn_system_task(self._close_deferred, node)
+
+    async def _close_deferred_below(self, *paths):
+        """Close the handles kept open for ``paths`` and what is below them, before our own change by name."""
+        if self.deferred:
+            for node in [self.nodes[p] for path in paths for p in self._known(path)]:
+                await self._close_deferred(node)
+
+    async def _close(self, file):
         if file.lease is not None:
             self.client.leases.closed(file.lease, file.generation)
         if file.generation != self.client.generation:
@@ -843,6 +919,8 @@ class SMBBackend(Capabilities, Backend):
         await self._set_ea(node, ea, b"")
 
     async def close(self):
+        for node in list(self.deferred):
+            await self._close_deferred(node)
         if self.client is not None:
             await self.client.release()
             self.client = None
