@@ -26,6 +26,7 @@ from offloadfs.lab.mount import offloadfs_mount, status
 SHARES = ["ext4", "ext4-durable"]  # the lab's two configurations: Samba's defaults, and durable handles
 SIZE = MiB
 LONG = ["attr_timeout=3600", "entry_timeout=3600"]
+KEEP = "closetimeo=3600"  # a released handle stays open until something closes it: no test hangs on timing
 BREAK_BOUND = 30  # seconds: a break that takes longer is no break (attributes would time out in 3600)
 
 
@@ -37,7 +38,7 @@ def two_mounts(smb):
 
         def make(share):
             url, path = smb.fresh_dir(share)
-            ours = stack.enter_context(offloadfs_mount(url, options=[*LONG, *smb.options()]))
+            ours = stack.enter_context(offloadfs_mount(url, options=[*LONG, KEEP, *smb.options()]))
             theirs = stack.enter_context(offloadfs_mount(url, options=smb.options()))
             return ours, theirs, path
 
@@ -67,11 +68,12 @@ def wait_kept(mountpoint, n):
         time.sleep(0.01)
 
 
-def read_and_close(path):
-    """Read the file and close it: its last handle, released, stays open at the server a while."""
+def read_and_close(path, kept_now=1):
+    """Read the file and close it: its last handle, released, stays open at the server, the
+    mount's ``kept_now``-th handle kept so."""
     with open(path, "rb") as f:
         data = f.read()
-    wait_kept(path.parent, 1)
+    wait_kept(path.parent, kept_now)
     return data
 
 
@@ -159,9 +161,9 @@ def test_our_unlink_and_rename_of_a_file_with_a_kept_handle_take_effect_at_once(
     """Samba leaves a file deleted under another open handle in place, delete-pending, until that
     closes: the kept handle is closed first, so the name is gone at once and free to create."""
     ours, _, server = two_mounts(share)
-    for name in ("gone", "old"):
+    for kept_now, name in enumerate(("gone", "old"), 1):
         (server / name).write_bytes(os.urandom(SIZE))
-        read_and_close(ours / name)
+        read_and_close(ours / name, kept_now)
     os.unlink(ours / "gone")
     assert not (server / "gone").exists()
     (ours / "gone").write_bytes(b"again")
@@ -176,6 +178,6 @@ def test_a_kept_handle_is_closed_at_unmount(smb, share):
     (a durable handle outlives its connection at Samba until it times out)."""
     url, server = smb.fresh_dir(share)
     (server / "f").write_bytes(os.urandom(SIZE))
-    with offloadfs_mount(url, options=smb.options()) as ours:
+    with offloadfs_mount(url, options=[KEEP, *smb.options()]) as ours:
         read_and_close(ours / "f")
     smb.wait_closed(server / "f", timeout=0)

@@ -49,7 +49,6 @@ LIST_MAX_BYTES = 1 << 29  # of replies: a million entries with names of 255 UTF-
 # server handles one while the next crosses the link (1 Gbit lab: sequential 8 MiB writes 65 -> 104 MB/s).
 PIECE = 1 << 20
 LISTED_FOR = 1.0  # seconds a directory listing answers lookups (READDIRPLUS looks up every entry)
-CLOSE_AFTER = 1.0  # seconds a read-only handle under a lease stays open after its last release (cifs closetimeo)
 # What an SMB name cannot hold: a path separator, a stream name, wildcards, control characters
 BAD_NAME = re.compile(r'[\\:*?"<>|\x00-\x1f]')
 # Longest share path we make, in UTF-8 bytes (not characters: 2-byte ones fail at the same byte count): Samba
@@ -733,7 +732,7 @@ class SMBBackend(Capabilities, Backend):
         await self._file_call(file, m.flush)
 
     async def release(self, file):
-        """Closes the handle, or keeps it open for CLOSE_AFTER seconds (as the Linux cifs client does):
+        """Closes the handle, or keeps it open for closetimeo= seconds (1 by default, as the Linux cifs client):
         the last read-only handle of a file whose lease holds read and handle caching.  An open of
         the file for reading within that time takes it back (no CREATE), and since the lease was
         never given up, the kernel keeps the file's pages (Leases.caching holds its value).  It is
@@ -746,7 +745,8 @@ class SMBBackend(Capabilities, Backend):
         node = file.node
         if node is not None and file in node.files:  # None: create() failed to open it
             node.files.remove(file)
-            if not node.files and node not in self.deferred and self._may_keep(file) and node.path is not None:
+            if (not node.files and node not in self.deferred and self._may_keep(file) and node.path is not None
+                    and self.target.close_after):
                 scope = trio.CancelScope()
                 self.deferred[node] = file, scope
                 trio.lowlevel.spawn_system_task(self._close_later, node, scope)
@@ -770,7 +770,7 @@ class SMBBackend(Capabilities, Backend):
 
     async def _close_later(self, node, scope):
         with scope:
-            await trio.sleep(CLOSE_AFTER)
+            await trio.sleep(self.target.close_after)
         if not scope.cancelled_caught:
             await self._close_deferred(node)
 

@@ -15,7 +15,8 @@ from smbprotocol.connection import Dialects
 
 from .. import SourceError
 
-OPTIONS = frozenset({"credentials", "username", "domain", "file_mode", "dir_mode", "seal", "vers", "port"})
+OPTIONS = frozenset({"credentials", "username", "domain", "file_mode", "dir_mode", "seal", "vers", "port",
+                     "closetimeo"})
 
 DIALECTS = {
     "2.1": Dialects.SMB_2_1_0,
@@ -45,6 +46,7 @@ class Target:
     seal: bool
     file_mode: int
     dir_mode: int
+    close_after: int  # closetimeo=: seconds a released read-only handle under a lease stays open (0: none)
 
     @property
     def unc(self):
@@ -97,9 +99,13 @@ def parse(url, options, environ=os.environ):
         raise ValueError("seal takes no value")
     if seal and DIALECTS[vers] is not None and DIALECTS[vers] < Dialects.SMB_3_0_0:
         raise ValueError(f"seal needs SMB 3 (vers={vers} has no encryption)")
+    close_after = _number(options, "closetimeo", 10)
+    if close_after is not None and close_after < 0:
+        raise ValueError(f"closetimeo={close_after}: seconds, 0 or more")
     return Target(host=host, port=port, share=names[0], path="\\".join(names[1:]), username=user,
                   domain=domain or "", password=password, dialect=DIALECTS[vers], seal=seal,
-                  file_mode=_mode(options, "file_mode", 0o755), dir_mode=_mode(options, "dir_mode", 0o755))
+                  file_mode=_mode(options, "file_mode", 0o755), dir_mode=_mode(options, "dir_mode", 0o755),
+                  close_after=1 if close_after is None else close_after)
 
 
 def read_credentials(path):
