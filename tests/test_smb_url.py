@@ -25,7 +25,7 @@ def test_url_parts(creds):
     assert (t.host, t.port, t.share, t.path, t.username, t.domain) == (
         "files.example", 4455, "data", "projects\\x y", "alice", "")
     assert t.password == SECRET
-    assert (t.dialect, t.seal, t.file_mode, t.dir_mode, t.close_after) == (None, False, 0o755, 0o755, 1)
+    assert (t.dialect, t.seal, t.file_mode, t.dir_mode, t.close_after) == (None, False, 0o755, 0o755, 0)
     assert t.unc == "\\\\files.example\\data"
 
 
@@ -41,9 +41,9 @@ def test_user_from_credentials_file_and_password_from_environment(creds):
 
 def test_options(creds):
     t = parse("smb://alice@h/s", {"credentials": creds(), "vers": "3.0", "seal": True, "file_mode": "0644",
-                                  "dir_mode": "750", "port": "1445", "domain": "W", "closetimeo": "0"})
+                                  "dir_mode": "750", "port": "1445", "domain": "W", "closetimeo": "1"})
     assert (t.dialect, t.seal, t.file_mode, t.dir_mode, t.port, t.domain, t.close_after) == (
-        Dialects.SMB_3_0_0, True, 0o644, 0o750, 1445, "W", 0)
+        Dialects.SMB_3_0_0, True, 0o644, 0o750, 1445, "W", 1)
     assert parse("smb://alice@h/s", {"credentials": creds(), "vers": "3.1.1"}).dialect == Dialects.SMB_3_1_1
 
 

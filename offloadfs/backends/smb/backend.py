@@ -553,12 +553,9 @@ class SMBBackend(Capabilities, Backend):
         if truncate:
             self._listed.clear()  # a listing's size of the file is wrong from now on
         elif _access(flags) == m.READ:
-            file = self._undefer(node)
-            if file is not None and self._may_keep(file):
-                node.files.append(file)
-                return file  # no attributes: the filesystem asks through the handle (opened() is None)
+            file = await self._take_back(node)
             if file is not None:
-                await self._close(file)
+                return file
         file, a = await self._by_name(node, lambda path: self._open(
             node, path, _access(flags), m.OVERWRITE if truncate else m.OPEN, 0 if node.is_dir else m.NON_DIRECTORY_FILE))
         if not _same(node, a):
@@ -732,16 +729,19 @@ class SMBBackend(Capabilities, Backend):
         await self._file_call(file, m.flush)
 
     async def release(self, file):
-        """Closes the handle, or keeps it open for closetimeo= seconds (1 by default, as the Linux cifs client):
+        """Closes the handle, or with closetimeo=N (as mount.cifs's option) keeps it open N seconds:
         the last read-only handle of a file whose lease holds read and handle caching.  An open of
-        the file for reading within that time takes it back (no CREATE), and since the lease was
-        never given up, the kernel keeps the file's pages (Leases.caching holds its value).  It is
-        closed at the timeout, when the lease is broken (another client opens the file in a way that
-        conflicts, or writes it), before our own unlink, rename or setattr by name (Samba refuses to
-        rename or delete over an open handle, or leaves the name behind delete-pending), when the
-        filesystem forgets the node, and at unmount.  Handles open for writing are closed at once:
-        their close is where a write error is last reported, and where a durable handle's reconnect
-        would have to be kept exact."""
+        the file for reading meanwhile takes it back (_take_back), and since the lease was never
+        given up, the kernel keeps the file's pages.  It is closed at the timeout, at a break of its
+        lease, before our own unlink, rename or setattr by name (Samba leaves a file deleted under
+        an open handle in place, delete-pending), when the filesystem forgets the node, and at
+        unmount.  Handles open for writing close at once: their close is where a write error is
+        last reported, and a durable handle's reconnect must stay exact.
+
+        Off by default: for those N seconds the file counts as held open.  A program on the server
+        rewrites it unseen (it breaks no lease: close-to-open holds only against SMB clients), and
+        another client's delete leaves its name delete-pending (Samba breaks no lease for it: our
+        handles share delete access) until the handle is closed."""
         node = file.node
         if node is not None and file in node.files:  # None: create() failed to open it
             node.files.remove(file)
@@ -760,6 +760,27 @@ class SMBBackend(Capabilities, Backend):
         return (file.access == m.READ and file.lost is None and lease is not None
                 and file.generation == self.client.generation == lease.generation
                 and lease.state & leases.ASKED == leases.ASKED)
+
+    async def _take_back(self, node):
+        """The handle kept open for ``node``, where it may be used again, with the attributes its name
+        has now; else None (it is closed).  The name is asked, as an open would: Samba does not
+        always break the lease's handle caching before another client renames the file (on a share
+        without durable handles it does not), and the name may lead to another file now."""
+        file = self._undefer(node)
+        if file is None:
+            return None
+        try:
+            a = await self._by_name(node, self._stat_path) if self._may_keep(file) else None
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._close(file)
+            raise
+        if a is None or not _same(node, a) or not self._may_keep(file):  # a break may come meanwhile
+            await self._close(file)
+            return None
+        node.files.append(file)
+        file.attributes = a
+        return file
 
     def _undefer(self, node):
         """The handle kept open for ``node`` (its timer stopped), or None."""

@@ -46,7 +46,7 @@ class Target:
     seal: bool
     file_mode: int
     dir_mode: int
-    close_after: int  # closetimeo=: seconds a released read-only handle under a lease stays open (0: none)
+    close_after: int  # closetimeo=: seconds a released read-only handle under a lease stays open (SMBBackend.release)
 
     @property
     def unc(self):
@@ -105,7 +105,7 @@ def parse(url, options, environ=os.environ):
     return Target(host=host, port=port, share=names[0], path="\\".join(names[1:]), username=user,
                   domain=domain or "", password=password, dialect=DIALECTS[vers], seal=seal,
                   file_mode=_mode(options, "file_mode", 0o755), dir_mode=_mode(options, "dir_mode", 0o755),
-                  close_after=1 if close_after is None else close_after)
+                  close_after=close_after or 0)
 
 
 def read_credentials(path):
