@@ -15,7 +15,8 @@ from smbprotocol.connection import Dialects
 
 from .. import SourceError
 
-OPTIONS = frozenset({"credentials", "username", "domain", "file_mode", "dir_mode", "seal", "vers", "port"})
+OPTIONS = frozenset({"credentials", "username", "domain", "file_mode", "dir_mode", "seal", "vers", "port",
+                     "closetimeo"})
 # mount.cifs options we take in another form
 _PASSWORD_HINT = "the password goes in a credentials=FILE (a password= line, mode 0600) or in $PASSWD"
 HINTS = {"user": "use username=NAME", "password": _PASSWORD_HINT, "pass": _PASSWORD_HINT}
@@ -48,6 +49,7 @@ class Target:
     seal: bool
     file_mode: int
     dir_mode: int
+    close_after: int  # closetimeo=: seconds a released read-only handle under a lease stays open (SMBBackend.release)
 
     @property
     def unc(self):
@@ -99,9 +101,13 @@ def parse(url, options, environ=os.environ):
         raise ValueError("seal takes no value")
     if seal and DIALECTS[vers] is not None and DIALECTS[vers] < Dialects.SMB_3_0_0:
         raise ValueError(f"seal needs SMB 3 (vers={vers} has no encryption)")
+    close_after = _number(options, "closetimeo", 10)
+    if close_after is not None and close_after < 0:
+        raise ValueError(f"closetimeo={close_after}: seconds, 0 or more")
     return Target(host=host, port=port, share=names[0], path="\\".join(names[1:]), username=user,
                   domain=domain or "", password=password, dialect=DIALECTS[vers], seal=seal,
-                  file_mode=_mode(options, "file_mode", 0o755), dir_mode=_mode(options, "dir_mode", 0o755))
+                  file_mode=_mode(options, "file_mode", 0o755), dir_mode=_mode(options, "dir_mode", 0o755),
+                  close_after=close_after or 0)
 
 
 def read_credentials(path):
