@@ -77,9 +77,9 @@ def test_the_data_is_on_the_server_when_close_returns(where, mount_on):
     with held_copy(mnt) as (_, data):
         pass
     os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # a guard against a process that SIGKILL cannot end, not a time
     while not gone(pid):
-        assert time.monotonic() < deadline, "the daemon outlived SIGKILL by 10 s"
+        assert time.monotonic() < deadline, "the daemon outlived SIGKILL by 30 s"
         time.sleep(0.02)
     assert_same((mnt.backing / "dst").read_bytes(), data)
 
