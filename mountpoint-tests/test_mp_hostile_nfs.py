@@ -30,6 +30,7 @@ from offloadfs.lab.nfsreplies import LoopingListing, NFSMutator, compound_result
 from offloadfs.lab.proxy import RPC, Proxy
 
 HANG_BOUND = 30  # seconds: anything slower is a hang
+MUTATIONS = 1000  # mutated replies in the randomized run
 
 
 @contextlib.contextmanager
@@ -262,7 +263,7 @@ class Workload:
 
 
 def test_randomized_mutations_never_kill_hang_or_lie(proxied):
-    """At least 2 000 mutated replies under four kinds of work on a soft mount (0.3 s x 2).
+    """At least 1 000 mutated replies under four kinds of work on a soft mount (0.3 s x 2).
 
     OFFLOADFS_SEED=<the seed printed> replays the same mutations in the same order and the same
     workload choices; which reply meets which mutation still depends on thread timing.
@@ -278,14 +279,15 @@ def test_randomized_mutations_never_kill_hang_or_lie(proxied):
         rss_before = mnt.rss()
         proxy.mutator = mutator = NFSMutator(seed, rate=0.3)
         started = time.monotonic()
-        # A guard only: 2 000 took 144 s here, and 1 982 took 151 s on a CI machine.
-        workload.run(until=lambda: mutator.mutated >= 2000 or time.monotonic() > started + 600)
+        # A guard only: 2 000 took 144 s here, and 1 982 took 151 s on a CI machine; the count is
+        # halved for the suite's time (a new seed every run).
+        workload.run(until=lambda: mutator.mutated >= MUTATIONS or time.monotonic() > started + 600)
         proxy.mutator = None
         print(f"{mutator.summary()} in {time.monotonic() - started:.0f} s")
         print(f"{workload.ops} operations, {workload.errors} failed, slowest {workload.slowest:.1f} s; "
               f"daemon RSS {rss_before >> 20} -> {mnt.rss() >> 20} MiB; {len(mnt.log_lines())} log lines")
         assert workload.wrong == []
-        assert mutator.mutated >= 2000
+        assert mutator.mutated >= MUTATIONS
         assert workload.slowest < HANG_BOUND
         assert mnt.rss() < rss_before + (200 << 20)
         assert not any("Traceback" in line for line in mnt.log_lines()), "\n".join(mnt.log_lines())
