@@ -96,6 +96,13 @@ def test_version(installed):
     assert installed.run("offloadfs", "--version").stdout == f"offloadfs {want.stdout}"
 
 
+def test_licence_travels_with_the_package(installed):
+    code = ("from importlib import metadata\n"
+            "d = metadata.distribution('offloadfs')\n"
+            "print(d.metadata['License-Expression'], [f.name for f in d.files if f.name == 'LICENSE'])\n")
+    assert installed.run(f"{PREFIX}/bin/python", "-c", code).stdout == "MIT ['LICENSE']\n"
+
+
 def test_core_needs_no_lab(installed):
     """Every module but offloadfs.lab (and __main__, which runs the CLI) imports without pyroute2."""
     code = ("import importlib, pkgutil, offloadfs\n"
