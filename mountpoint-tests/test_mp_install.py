@@ -29,6 +29,10 @@ ln -sf {PREFIX}/share/man/man8/*.8 /usr/local/share/man/man8/
 UNITS = f"{PREFIX}/share/doc/offloadfs/examples/systemd"
 OVERLAID = ("/opt", "/usr/local", "/usr/sbin")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Tests reach no host outside the lab: pip takes what scripts/setup downloaded (the pinned set and
+# the build backend), and nothing from an index.
+WHEELHOUSE = ROOT / ".cache" / "wheelhouse"
+OFFLINE = ("--no-index", "--find-links", WHEELHOUSE)
 
 
 def run(*cmd, check=True, **kwargs):
@@ -45,7 +49,7 @@ def build_wheel(tmp):
         if (ROOT / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
-    run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp / "dist", src)
+    run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *OFFLINE, "-w", tmp / "dist", src)
     (wheel,) = (tmp / "dist").glob("offloadfs-*.whl")
     return wheel
 
@@ -81,11 +85,14 @@ class Namespace:
 def installed(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("needs root: mount namespaces and mounts")
+    if not WHEELHOUSE.is_dir():
+        pytest.fail(f"{WHEELHOUSE} is missing: run scripts/setup")
     tmp = tmp_path_factory.mktemp("install")
     wheel = build_wheel(tmp)
     ns = Namespace(tmp)
     try:
-        ns.run("bash", "-euc", INSTALL, env={"WHEEL": wheel, "PIP_CONSTRAINT": ROOT / "constraints.txt"})
+        ns.run("bash", "-euc", INSTALL, env={"WHEEL": wheel, "PIP_CONSTRAINT": ROOT / "constraints.txt",
+                                             "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": WHEELHOUSE})
         yield ns
     finally:
         ns.close()
