@@ -15,6 +15,7 @@ import select
 import signal
 import sys
 import time
+from importlib import metadata
 
 from . import logs
 from .backends import SourceError
@@ -298,6 +299,7 @@ def _subcommand(sub, name, summary, examples, epilog=""):
 def _parser():
     p = _Parser(prog="offloadfs", description="FUSE filesystem that turns copies into clones and "
                 "server-side copies.  See offloadfs COMMAND --help and offloadfs(8).")
+    p.add_argument("--version", action="version", version=f"%(prog)s {metadata.version('offloadfs')}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     m = _subcommand(sub, "mount", "mount SOURCE (a path or URL) on MOUNTPOINT", [
         "offloadfs mount /srv/data /mnt/data -o passthrough",
