@@ -9,15 +9,21 @@ own, so none sees another's caches, and the tools take turns step by step, so a 
 hits all alike, each going first in a round of its own. The steps: create (`cp -r` of a local tree of
 4 KiB files into the mount), `ls -lR` after dropping the kernel's caches (echo 3 >
 /proc/sys/vm/drop_caches; each daemon keeps its own, and the server's are read back on its side: see
-warm_server), `find | wc -l`, `du -s`, `rm -rf`. Each step's result is checked against the tree on the
-server side. The programs a step runs are read into the page cache before its clock starts (see
-warm_programs).
+warm_server), `ls -lR` again at once (warm), `find | wc -l`, `stat` of every file, `du -s`, a re-read of a
+64 MiB file (written and read once through the mount before the clock starts, then read again: what a
+tool caches across a close and an open), `cp` of a 1 KiB file within the tree, `rm -rf`.
+Each step's result is checked against the tree on the server side. The programs a step runs are read into
+the page cache before its clock starts (see warm_programs).
+
+offloadfs is mounted twice: as it comes, and with closetimeo=1 (an SMB handle kept open a second after its
+last close, as mount.cifs does by default; off by default in offloadfs, see SMBBackend.release).
 
 The first table gives the median seconds over the rounds and offloadfs / the faster peer (goal: <= 1.0;
-rows that miss are marked); the next two the packets each step put on the client's link (both ways; a
-proxy for round trips, as no tool counts its SMB requests) and the CPU time each tool's daemon processes
-spent on it (which, unlike seconds, other work on the machine barely moves). `offloadfs status --json`
-counts no requests, so a last pass mounts offloadfs again with `-o debug` and counts its FUSE requests per
+rows that miss are marked); the next three what each step put on the client's link while its clock ran,
+both ways: packets (a proxy for round trips, as no tool counts its SMB requests) and MiB (the re-read's row
+says whether a tool read the file again), and the CPU time each tool's daemon processes spent on it
+(which, unlike seconds, other work on the machine barely moves). `offloadfs status --json` counts no FUSE
+requests, so a last pass mounts offloadfs again with `-o debug` and counts its FUSE requests per
 step and opcode from the log (logging every request slows it down; only the counts matter there).
 The results go to OUT/metadata.json and a plot of the seconds to OUT/metadata.png (report.py).
 """
@@ -25,6 +31,7 @@ The results go to OUT/metadata.json and a plot of the seconds to OUT/metadata.pn
 import argparse
 import collections
 import contextlib
+import functools
 import os
 import re
 import statistics
@@ -44,8 +51,11 @@ KIND = "xfs"
 FULL = {"files": 2000, "dirs": 20, "rounds": 6}
 QUICK = {"files": 200, "dirs": 20, "rounds": 1}
 FILE_SIZE = 4096
-STEPS = ("create", "ls -lR", "find | wc", "du -s", "rm -rf")
+BIG = 64 << 20  # the file the re-read step reads
+SMALL = 1024  # the file the cp step copies
+STEPS = ("create", "ls -lR", "ls -lR warm", "find | wc", "stat", "du -s", "re-read", "cp 1 KiB", "rm -rf")
 PEERS = ("rclone mount", "smbnetfs")
+KEEP_OPEN = "offloadfs closetimeo=1"
 MAX_RATIO = 1.0
 REQUEST = re.compile(r"<- (\w+) unique=")
 
@@ -72,6 +82,11 @@ def check_tree(server_dir, local_tree):
         raise RuntimeError(f"{server_dir} on the server differs from {local_tree}")
 
 
+def read_through(path):
+    """Read a file to its end, as `cat` does; its length (as wc -c prints it)."""
+    return run("sh", "-c", 'cat "$1" | wc -c', "sh", path)
+
+
 def warm_programs():
     """Read the steps' programs into the page cache.  drop_caches (before each `ls -lR`) evicts them
     too, and the tools take turns: the first to run `find` after the last tool's `ls -lR` paid for
@@ -88,39 +103,65 @@ def warm_server(share):
     run("ls", "-lR", share)
 
 
-def step(name, local_tree, target, server_dir, files, dirs):
-    """Run step `name` on `target` (the tool's directory in its mount); check what it did; seconds."""
+def step(name, local_tree, target, server_dir, files, dirs, meter=tuple):
+    """Run step `name` on `target` (the tool's directory in its mount); check what it did; (seconds, and
+    what each count `meter()` returns went up by while the clock ran)."""
     if name == "ls -lR":
         drop_caches()
         warm_server(server_dir.parent)
+    elif name == "re-read":  # written through the mount: rclone sees no file made on the server for an hour
+        run("cp", local_tree.parent / "big", target / "big")
+        read_through(target / "big")  # the first read, for the tool to cache what it may
+    elif name == "cp 1 KiB":
+        run("cp", local_tree.parent / "small", target / "small")
     warm_programs()
+    before = meter()
     start = time.monotonic()
     if name == "create":
         run("cp", "-r", local_tree, target)
-    elif name == "ls -lR":
+    elif name.startswith("ls -lR"):
         out = run("ls", "-lR", target)
     elif name == "find | wc":
         out = run("sh", "-c", 'find "$1" | wc -l', "sh", target)
+    elif name == "stat":
+        out = run("sh", "-c", 'stat -c %s "$1"/*/* | wc -l', "sh", target)
     elif name == "du -s":
         run("du", "-s", target)
+    elif name == "re-read":
+        out = read_through(target / "big")
+    elif name == "cp 1 KiB":
+        run("cp", target / "small", target / "small-copy")
     else:
         run("rm", "-rf", target)
     seconds = time.monotonic() - start
+    counted = [after - count for count, after in zip(before, meter())]
     if name == "create":
         check_tree(server_dir, local_tree)
-    elif name == "ls -lR" and sum(line.startswith("-") for line in out.splitlines()) != files:
+    elif name.startswith("ls -lR") and sum(line.startswith("-") for line in out.splitlines()) != files:
         raise RuntimeError(f"ls -lR {target}: wrong number of files")
+    elif name == "stat" and int(out) != files:
+        raise RuntimeError(f"stat {target}/*/*: {out.strip()} files, wanted {files}")
+    elif name == "re-read" and int(out) != BIG:
+        raise RuntimeError(f"re-read {target}/big: {out.strip()} bytes, wanted {BIG}")
+    elif name == "cp 1 KiB" and (server_dir / "small-copy").read_bytes() != (local_tree.parent / "small").read_bytes():
+        raise RuntimeError(f"cp {target}/small: the copy differs on the server")
     elif name == "find | wc" and int(out) != files + dirs + 1:
         raise RuntimeError(f"find {target}: {out.strip()} entries, wanted {files + dirs + 1}")
     elif name == "rm -rf" and server_dir.exists():
         raise RuntimeError(f"rm -rf {target}: {server_dir} still there on the server")
-    return seconds
+    return (seconds, *counted)
 
 
-def link_packets(net):
-    """Packets that crossed the client end of the lab link so far, both ways."""
+def link_counts(net):
+    """(packets, bytes) that crossed the client end of the lab link so far, both ways."""
     stats = Path("/sys/class/net", net.client_if, "statistics")
-    return int((stats / "rx_packets").read_text()) + int((stats / "tx_packets").read_text())
+    return tuple(sum(int((stats / f"{way}_{what}").read_text()) for way in ("rx", "tx"))
+                 for what in ("packets", "bytes"))
+
+
+def counts(net, sid):
+    """What measure() keeps of a step: (packets, bytes) on the client's link, CPU seconds of session `sid`."""
+    return (*link_counts(net), session_cpu(sid))
 
 
 def session_cpu(sid):
@@ -136,7 +177,7 @@ def session_cpu(sid):
 
 
 def measure(server, mounts, local_tree, size):
-    """{tool: {step: [(seconds, packets, daemon CPU seconds) per round]}}.
+    """{tool: {step: [(seconds, packets, MiB on the link, daemon CPU seconds) per round]}}.
 
     `mounts` maps tool -> (its view of the share, the session id of its daemon's processes).
     """
@@ -151,11 +192,10 @@ def measure(server, mounts, local_tree, size):
         for name in STEPS:
             for tool in order:
                 root, sid = mounts[tool]
-                tree = f"{tool.split()[0]}-{r}"
-                packets, cpu = link_packets(server.net), session_cpu(sid)
-                seconds = step(name, local_tree, root / tree, share / tree, size["files"], size["dirs"])
-                results[tool][name].append(
-                    (seconds, link_packets(server.net) - packets, session_cpu(sid) - cpu))
+                tree = f"{tool.split()[0]}-{tools.index(tool)}-{r}"
+                seconds, packets, nbytes, cpu = step(name, local_tree, root / tree, share / tree, size["files"],
+                                                     size["dirs"], functools.partial(counts, server.net, sid))
+                results[tool][name].append((seconds, packets, nbytes / (1 << 20), cpu))
     return results
 
 
@@ -174,7 +214,7 @@ def requests_per_step(server, local_tree, size, workdir):
 
 
 def medians(results):
-    """{tool: {step: [median seconds, packets, CPU seconds]}} of ``measure``'s rounds."""
+    """{tool: {step: [median seconds, packets, MiB on the link, CPU seconds]}} of ``measure``'s rounds."""
     return {tool: {name: [statistics.median(column) for column in zip(*runs)] for name, runs in steps.items()}
             for tool, steps in results.items()}
 
@@ -188,36 +228,42 @@ def save(out, results, requests, size):
                      f"seconds (median of {size['rounds']})", log=True)
     report.save(out, "metadata", {
         "link": RATE, "share": KIND, "size": size, "rclone_options": list(RCLONE_OPTIONS),
-        "steps": {name: {tool: dict(zip(("seconds", "packets", "cpu_seconds"), median[tool][name]))
+        "steps": {name: {tool: dict(zip(("seconds", "packets", "link_mib", "cpu_seconds"), median[tool][name]))
                          for tool in median} for name in STEPS},
         "fuse_requests": {name: dict(counter) for name, counter in requests.items()}}, fig)
+
+
+def width(tool):
+    """Characters of a tool's column."""
+    return max(14, len(tool) + 2)
 
 
 def print_tables(results, requests, size):
     median = medians(results)
     tools = list(median)
-    heading = f"  {'step':10}" + "".join(f"{tool:>14}" for tool in tools)
     print(f"metadata on a Samba {KIND} share behind a {RATE} link: {size['files']} files of 4 KiB in "
           f"{size['dirs']} directories; median of {size['rounds']} round(s); "
           f"rclone mount {' '.join(RCLONE_OPTIONS)}")
     print("seconds")
+    heading = f"  {'step':12}" + "".join(f"{tool:>{width(tool)}}" for tool in tools)
     print(heading + f"{'offloadfs/peer':>16}")
     for name in STEPS:
         ours = median["offloadfs"][name][0]
         peer = min(median[tool][name][0] for tool in PEERS)
         mark = "  slower than a peer" if ours / peer > MAX_RATIO else ""
-        print(f"  {name:10}" + "".join(f"{median[tool][name][0]:14.3f}" for tool in tools)
+        print(f"  {name:12}" + "".join(f"{median[tool][name][0]:{width(tool)}.3f}" for tool in tools)
               + f"{ours / peer:16.2f}{mark}")
-    for column, title, form in ((1, "packets on the client's link, both ways", "14.0f"),
-                                (2, "CPU seconds of each tool's daemon processes", "14.2f")):
+    for column, title, form in ((1, "packets on the client's link, both ways", ".0f"),
+                                (2, "MiB on the client's link, both ways", ".2f"),
+                                (3, "CPU seconds of each tool's daemon processes", ".2f")):
         print(title)
         print(heading)
         for name in STEPS:
-            print(f"  {name:10}" + "".join(f"{median[tool][name][column]:{form}}" for tool in tools))
+            print(f"  {name:12}" + "".join(f"{median[tool][name][column]:{width(tool)}{form}}" for tool in tools))
     print("offloadfs FUSE requests per step (-o debug pass)")
     for name, counter in requests.items():
         top = ", ".join(f"{op} {n}" for op, n in counter.most_common())
-        print(f"  {name:10} {sum(counter.values()):7}  {top}")
+        print(f"  {name:12} {sum(counter.values()):7}  {top}")
 
 
 def main():
@@ -231,10 +277,14 @@ def main():
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="offloadfs-metabench-")))
         local_tree = workdir / "tree"
         make_tree(local_tree, size["files"], size["dirs"])
+        for name, length in (("big", BIG), ("small", SMALL)):
+            (workdir / name).write_bytes(os.urandom(length))
         server = stack.enter_context(samba_lab((KIND,), rate=RATE)).server
         ours = stack.enter_context(share_mount(server, KIND))
+        keeps_open = stack.enter_context(share_mount(server, KIND, ["closetimeo=1"]))
         mounts = {
             "offloadfs": (ours, status(ours)["pid"]),  # the daemon leads a session of its own
+            KEEP_OPEN: (keeps_open, status(keeps_open)["pid"]),
             "rclone mount": stack.enter_context(rclone_mount(server, KIND, workdir)),
             "smbnetfs": stack.enter_context(smbnetfs_mount(server, KIND, workdir)),
         }

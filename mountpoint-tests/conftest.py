@@ -111,9 +111,10 @@ def nfsd():
 
 
 @pytest.fixture(scope="session")
-def nfsd_reflink():
-    """(nfskit.Place, NfsdLab) of a second nfsd guest, whose xfs has reflink: copies are CLONEs."""
-    yield from _nfs_lab(lambda: nfskit.nfsd_place(reflink=True))
+def nfsd_reflink(request):
+    """(nfskit.Place, NfsdLab) of a second nfsd guest, whose xfs has reflink: copies are CLONEs.
+    The guest is the root conftest's, which tests/test_nfs_nfsd uses too."""
+    yield from _nfs_lab(lambda: nfskit.nfsd_place(request.getfixturevalue("nfsd_reflink_lab")))
 
 
 FIXTURES = {"nfs-ganesha": "ganesha", "nfsd": "nfsd", "nfsd-reflink": "nfsd_reflink"}

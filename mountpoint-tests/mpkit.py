@@ -72,6 +72,18 @@ def gone(pid):
         return True
 
 
+def backoff_attempts(seconds, first, most):
+    """How many connection attempts a backoff allows in ``seconds`` of failures: one at once, then one
+    after each wait, the waits doubling from ``first`` up to ``most``.  A bound that follows the time a
+    test took, so a busy machine widens it rather than failing the test."""
+    attempts, wait, at = 1, first, first
+    while at <= seconds:
+        attempts += 1
+        wait = min(most, 2 * wait)
+        at += wait
+    return attempts
+
+
 def assert_same(got, want, at=0):
     """Byte for byte, naming the first offset that differs (``at``: where ``got`` starts in its file).
     Not ``assert got == want``: on CI pytest diffs the two in full, for hours on a MiB."""

@@ -98,10 +98,11 @@ def nfsd_without_reflink(**kw):
 
 
 @contextlib.contextmanager
-def nfsd_place(reflink=False):
-    """A Place on a one-guest nfsd lab; yields (Place, lab)."""
-    boot = nfsd_module.nfsd_lab() if reflink else nfsd_without_reflink()
-    with boot as lab:
+def nfsd_place(lab=None):
+    """A Place on a one-guest nfsd lab, ``lab`` or one booted here with reflink off; yields (Place, lab)."""
+    with contextlib.ExitStack() as stack:
+        if lab is None:
+            lab = stack.enter_context(nfsd_without_reflink())
         guest = lab.guest
         url = f"nfs://{guest.host}{guest.export}"
         with offloadfs_mount(url, options=VIEW_OPTIONS) as view:

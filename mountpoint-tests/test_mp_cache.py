@@ -59,7 +59,13 @@ def test_a_rename_between_a_stale_name_and_the_file_that_took_its_number(mount_o
     (mnt.backing / "f").unlink()  # another client removes f and makes g, which gets f's number
     _make_with_number(mnt.backing / "g", ino, 0.2)
     assert os.stat(mnt.path / "g").st_ino == ino
-    time.sleep(0.2)  # the daemon tells the kernel to drop f right after answering: it held the lock
+    # The daemon tells the kernel to drop f right after answering (the kernel held the directory's
+    # lock): wait for that under a hang guard, not a set time a busy machine may overrun.  While
+    # the kernel holds f, stat answers with g's attributes; once dropped, f is looked up and missing.
+    deadline = time.monotonic() + 30
+    while os.path.exists(mnt.path / "f"):
+        assert time.monotonic() < deadline, "the kernel still holds f's name 30 s after g was found"
+        time.sleep(0.05)
     with pytest.raises(FileNotFoundError):
         os.rename(mnt.path / "f", mnt.path / "g")
     assert sorted(os.listdir(mnt.path)) == ["g"]

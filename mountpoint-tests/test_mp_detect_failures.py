@@ -77,9 +77,9 @@ def test_the_data_is_on_the_server_when_close_returns(where, mount_on):
     with held_copy(mnt) as (_, data):
         pass
     os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # a guard against a process that SIGKILL cannot end, not a time
     while not gone(pid):
-        assert time.monotonic() < deadline, "the daemon outlived SIGKILL by 10 s"
+        assert time.monotonic() < deadline, "the daemon outlived SIGKILL by 30 s"
         time.sleep(0.02)
     assert_same((mnt.backing / "dst").read_bytes(), data)
 
@@ -106,7 +106,7 @@ def test_held_bytes_show_in_stat_and_in_reads(where, mount_on):
 def wait_usable(mnt):
     """Return once the mount reaches the restarted server again: a new file made on the server side reads
     back through the mount (a new name each try, so no cached lookup answers)."""
-    deadline = time.monotonic() + RECONNECT_DELAY_MAX + 10
+    deadline = time.monotonic() + RECONNECT_DELAY_MAX + 30  # a hang guard: a busy machine logs on slowly
     for i in range(10**6):
         probe = os.urandom(16)
         (mnt.backing / f"probe{i}").write_bytes(probe)

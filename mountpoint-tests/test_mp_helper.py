@@ -92,3 +92,93 @@ def test_helper_bad_usage_exits_1():
     helper = Path(sys.executable).parent / "mount.offloadfs"
     proc = subprocess.run([helper, "only-a-source"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def utab_lines(mountpoint):
+    """libmount's lines in /run/mount/utab for ``mountpoint`` (mount(8) writes one for _netdev, x-*, ...)."""
+    try:
+        with open("/run/mount/utab") as f:
+            return [line for line in f if f"TARGET={mountpoint} " in line]
+    except FileNotFoundError:
+        return []
+
+
+def test_umount_forgets_the_utab_line(helper, backing, mountpoint, tmp_path):
+    """An fstab mount with userspace options leaves a utab line; `offloadfs umount` takes it away,
+    as umount(8) does, or findmnt and systemd go on reading _netdev for the next mount there."""
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"{backing()} {mountpoint} offloadfs _netdev,x-offloadfs.test 0 0\n")
+    sh("mount", "-T", fstab, mountpoint)
+    assert utab_lines(mountpoint), "mount(8) wrote no utab line: nothing to test"
+    sh(sys.executable, "-m", "offloadfs", "umount", mountpoint)
+    assert not is_mounted(mountpoint)
+    assert utab_lines(mountpoint) == []
+
+
+def test_findmnt_finds_the_mount_by_the_type_help_names(helper, backing, mountpoint):
+    """FUSE shows the type as fuse.offloadfs, never offloadfs: the helper's --help names the form that finds it."""
+    sh("mount", "-t", "offloadfs", backing(), mountpoint)
+    helper_help = sh(Path(sys.executable).parent / "mount.offloadfs", "--help")
+    assert "findmnt -t fuse.offloadfs" in helper_help
+    found = sh("findmnt", "-n", "-o", "TARGET", "-t", "fuse.offloadfs", mountpoint)
+    assert found.strip() == str(mountpoint)
+
+
+def test_relative_source_is_recorded_absolute(backing, mountpoint):
+    src = backing()
+    sh(sys.executable, "-m", "offloadfs", "mount", src.name, mountpoint, cwd=src.parent)
+    found = sh("findmnt", "-n", "-o", "SOURCE", mountpoint)
+    assert found.strip() == str(src)
+
+
+@pytest.mark.parametrize("source, options", [
+    ("/nonexistent/offloadfs-src", "defaults"),
+    ("smb://alice@127.0.0.1/share", "credentials=/nonexistent/offloadfs.cred"),
+])
+def test_fake_mount_checks_the_source_as_a_mount_would(helper, mountpoint, source, options):
+    """mount -f fails where mount would (exit 32, one line), without mounting or reaching a server."""
+    proc = subprocess.run(["mount", "-f", "-t", "offloadfs", source, mountpoint, "-o", options],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 32 and "nonexistent" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not is_mounted(mountpoint)
+
+
+SECRET = "s3cr3t-in-url"
+
+
+@pytest.mark.parametrize("source, options, says", [
+    # malformed options and sources: a wrong invocation, exit 1 as README and --help say
+    ("smb://alice@127.0.0.1/share", "vers=1.0", "vers=1.0"),
+    ("smb://127.0.0.1/share", "", "no user name"),
+    (f"smb://alice:{SECRET}@127.0.0.1/share", "", "credentials="),
+    # other tools' forms: the message gives ours
+    ("//127.0.0.1/share/dir", "", "smb://127.0.0.1/share/dir"),
+    ("127.0.0.1:/export/dir", "", "nfs://127.0.0.1/export/dir"),
+    ("smb://alice@127.0.0.1/share", "user=alice", "username="),
+    ("smb://alice@127.0.0.1/share", "password=x", "credentials="),
+    ("nfs://127.0.0.1/export", "vers=4.2", "minorversion=2"),
+])
+def test_malformed_options_exit_1_with_the_right_form(helper, mountpoint, source, options, says):
+    cmd = ["mount", "-t", "offloadfs", source, mountpoint] + (["-o", options] if options else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**os.environ, "PASSWD": "pw"})
+    print(proc.stderr)
+    assert proc.returncode == 1 and says in proc.stderr, proc.stderr
+    assert SECRET not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not is_mounted(mountpoint)
+
+
+@pytest.mark.parametrize("options, warned", [("", True), ("_netdev,", False)])
+def test_network_source_in_fstab_without_netdev_is_warned_of(helper, smb, mountpoint, tmp_path, options, warned):
+    """Without _netdev systemd takes an fstab or unit mount of type offloadfs for a local filesystem:
+    mounted before the network is up, and its failure at boot stops in emergency mode.  The mount
+    itself goes ahead."""
+    url, server_dir = smb.fresh_dir("ext4")
+    (server_dir / "f").write_bytes(b"on the share")
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"{url} {mountpoint} offloadfs {options}credentials={smb.credentials} 0 0\n")
+    proc = subprocess.run(["mount", "-T", fstab, mountpoint], capture_output=True, text=True, timeout=60)
+    print(proc.stderr)
+    assert proc.returncode == 0, proc.stderr
+    assert ("_netdev" in proc.stderr) == warned, proc.stderr
+    assert (mountpoint / "f").read_bytes() == b"on the share"

@@ -21,15 +21,17 @@ from pathlib import Path
 
 import nfskit
 import pytest
-from mpkit import sh
+from mpkit import backoff_attempts, sh
 
 from offloadfs.backends.nfs import ops
+from offloadfs.backends.nfs.session import RECONNECT_FIRST, RECONNECT_MAX
 from offloadfs.lab.loopfs import is_mounted
 from offloadfs.lab.mount import mount_args, unmount
 from offloadfs.lab.nfsreplies import LoopingListing, NFSMutator, compound_results
 from offloadfs.lab.proxy import RPC, Proxy
 
 HANG_BOUND = 30  # seconds: anything slower is a hang
+MUTATIONS = 1000  # mutated replies in the randomized run
 
 
 @contextlib.contextmanager
@@ -161,15 +163,18 @@ def test_garbage_record_marks_reconnect_with_backoff(proxied):
     with foreground_mount(url, ["attr_timeout=0"]) as mnt:
         proxy.mutator = garbled_requests
         connections, lines, cpu = proxy.connections, len(mnt.log_lines()), mnt.cpu_seconds()
+        started = time.monotonic()
         stat = subprocess.Popen(["stat", mnt.path / "f"], stdout=subprocess.DEVNULL)
-        time.sleep(20)
+        time.sleep(8)
         connections, lines = proxy.connections - connections, len(mnt.log_lines()) - lines
-        cpu = mnt.cpu_seconds() - cpu
-        print(f"in 20 s: {connections} connections, {lines} log lines, {cpu:.2f} s CPU")
+        elapsed, cpu = time.monotonic() - started, mnt.cpu_seconds() - cpu
+        # The bound follows the time taken (a busy machine widens it); without backoff, hundreds.
+        allowed = backoff_attempts(elapsed, RECONNECT_FIRST, RECONNECT_MAX)
+        print(f"in {elapsed:.1f} s: {connections} connections ({allowed} allowed), {lines} log lines, {cpu:.2f} s CPU")
         assert stat.poll() is None  # hard: still waiting
         proxy.mutator = None
         assert stat.wait(HANG_BOUND) == 0  # and done once the server makes sense again
-        assert connections <= 12 and lines <= 12, mnt.log_lines()[-20:]
+        assert connections <= allowed and lines <= 12, mnt.log_lines()[-20:]
 
 
 def test_an_owner_int_refuses_is_nobody():
@@ -262,7 +267,7 @@ class Workload:
 
 
 def test_randomized_mutations_never_kill_hang_or_lie(proxied):
-    """At least 2 000 mutated replies under four kinds of work on a soft mount (0.3 s x 2).
+    """At least 1 000 mutated replies under four kinds of work on a soft mount (0.3 s x 2).
 
     OFFLOADFS_SEED=<the seed printed> replays the same mutations in the same order and the same
     workload choices; which reply meets which mutation still depends on thread timing.
@@ -278,14 +283,15 @@ def test_randomized_mutations_never_kill_hang_or_lie(proxied):
         rss_before = mnt.rss()
         proxy.mutator = mutator = NFSMutator(seed, rate=0.3)
         started = time.monotonic()
-        # A guard only: 2 000 took 144 s here, and 1 982 took 151 s on a CI machine.
-        workload.run(until=lambda: mutator.mutated >= 2000 or time.monotonic() > started + 600)
+        # A guard only: 2 000 took 144 s here, and 1 982 took 151 s on a CI machine; the count is
+        # halved for the suite's time (a new seed every run).
+        workload.run(until=lambda: mutator.mutated >= MUTATIONS or time.monotonic() > started + 600)
         proxy.mutator = None
         print(f"{mutator.summary()} in {time.monotonic() - started:.0f} s")
         print(f"{workload.ops} operations, {workload.errors} failed, slowest {workload.slowest:.1f} s; "
               f"daemon RSS {rss_before >> 20} -> {mnt.rss() >> 20} MiB; {len(mnt.log_lines())} log lines")
         assert workload.wrong == []
-        assert mutator.mutated >= 2000
+        assert mutator.mutated >= MUTATIONS
         assert workload.slowest < HANG_BOUND
         assert mnt.rss() < rss_before + (200 << 20)
         assert not any("Traceback" in line for line in mnt.log_lines()), "\n".join(mnt.log_lines())

@@ -18,7 +18,7 @@ import pytest
 from mpkit import GiB, MiB, gone, sh, sha256, write_file
 
 from offloadfs.lab.loopfs import is_mounted
-from offloadfs.lab.mount import offloadfs_cli
+from offloadfs.lab.mount import offloadfs_cli, offloadfs_mount, status
 
 
 def wait_until(predicate, timeout, what):
@@ -77,10 +77,11 @@ def test_killed_daemon_gives_enotconn_and_umount_cleans(mnt):
     assert os.listdir(mnt.path) == []
 
 
-def hold_in_another_namespace(path):
+def hold_in_another_namespace(path, propagation="private"):
     """A process in a mount namespace of its own, made while `path` is mounted: it holds a copy of the mount
-    (as any `ip netns exec` or container started then would)."""
-    holder = subprocess.Popen(["unshare", "-m", "sleep", "600"])
+    (as any `ip netns exec` or container started then would), private to it unless ``propagation`` says
+    otherwise (unshare(1)'s --propagation)."""
+    holder = subprocess.Popen(["unshare", "-m", f"--propagation={propagation}", "sleep", "600"])
     wait_until(lambda: is_mounted_in(holder.pid, path), 5, "the other namespace to exist")
     return holder
 
@@ -139,3 +140,34 @@ def test_umount_tells_of_other_namespaces_and_force_ends_the_daemon(mnt, unmount
         holder.kill()
         holder.wait()
     assert not is_mounted(mnt.path)
+
+
+@pytest.fixture
+def shared_parent(tmp_path):
+    """A directory on a mount with shared propagation, as / is on a systemd host."""
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    sh("mount", "-t", "tmpfs", "offloadfs-test", parent)
+    sh("mount", "--make-shared", parent)
+    yield parent
+    sh("umount", "-l", parent)
+
+
+@pytest.mark.parametrize("propagation", ["unchanged", "slave"])
+def test_umount_takes_copies_that_propagation_unmounts_too(backing, shared_parent, propagation):
+    """A namespace started after the mount holds a peer of a shared mount (or a slave of it): the
+    unmount here takes that copy too, so umount must not refuse; the daemon then ends."""
+    path = shared_parent / "mnt"
+    path.mkdir()
+    with offloadfs_mount(backing(), path):
+        pid = status(path)["pid"]
+        holder = hold_in_another_namespace(path, propagation)
+        try:
+            proc = offloadfs_cli("umount", path)
+            assert proc.returncode == 0, proc.stderr
+            assert not is_mounted_in(holder.pid, path), "the other namespace's copy outlived the unmount"
+            wait_until(lambda: gone(pid), 10, "the daemon to end after umount")
+        finally:
+            holder.kill()
+            holder.wait()
+        assert not is_mounted(path)

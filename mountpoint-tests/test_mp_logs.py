@@ -1,11 +1,14 @@
 """Where a daemon in the background logs: logfile=, the journal, syslog or a default file."""
 
+import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 import time
 
 import pytest
+from mpkit import MiB, sh, write_file
 
 from offloadfs.lab.loopfs import is_mounted
 from offloadfs.lab.mount import mount_args, offloadfs_cli, unmount
@@ -69,3 +72,40 @@ def test_v_says_where_logs_go_without_logfile(backing, mountpoint):
     assert proc.returncode == 0, proc.stderr
     where = "syslog (/dev/log)" if os.path.exists("/dev/log") else "/var/log/offloadfs.log"
     assert f"logs go to {where}" in proc.stdout, proc.stdout
+
+
+def test_two_mounts_in_one_log_name_their_lines(backing, tmp_path):
+    """Issue #31: mounts share one log, and a line carried a pid but no mountpoint.  Each mount
+    starts with a line that says what it mounted, where, which version and with what options."""
+    log = tmp_path / "offloadfs.log"
+    sources, mountpoints = [backing(), backing()], [tmp_path / "one", tmp_path / "two"]
+    try:
+        for source, mountpoint in zip(sources, mountpoints):
+            mountpoint.mkdir()
+            proc = offloadfs_cli(*mount_args(source, mountpoint, ["debug", f"logfile={log}"]))
+            assert proc.returncode == 0, proc.stderr
+            os.listdir(mountpoint)
+        version = importlib.metadata.version("offloadfs")
+        for source, mountpoint in zip(sources, mountpoints):
+            text = wait_for(log, f"{mountpoint} offloadfs.fuse.session DEBUG <- OPENDIR")
+            assert (f" {mountpoint} offloadfs.daemon INFO offloadfs {version}: mounted {source} on {mountpoint}, "
+                    f"options debug,logfile={log}\n") in text, text
+    finally:
+        for mountpoint in mountpoints:
+            unmount(mountpoint)
+    lines = log.read_text().splitlines()
+    stamp = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} offloadfs\[\d+\] ")
+    assert all(re.match(stamp.pattern + f"({mountpoints[0]}|{mountpoints[1]}) ", line)
+               for line in lines if stamp.match(line)), "\n".join(lines)
+
+
+@pytest.mark.parametrize("options, method", [((), "clone"), (("offload=off",), "stream")])
+def test_debug_says_how_each_copy_went(backing, mountpoint, tmp_path, options, method):
+    """Issue #31: -o debug showed the requests but not which method a copy took, its size or time."""
+    log = tmp_path / "offloadfs.log"
+    proc = offloadfs_cli(*mount_args(backing("btrfs"), mountpoint, ["debug", f"logfile={log}", *options]))
+    assert proc.returncode == 0, proc.stderr
+    write_file(mountpoint / "a", MiB + 1)
+    sh("cp", mountpoint / "a", mountpoint / "b")  # a copy request
+    text = wait_for(log, "copy a -> b")
+    assert re.search(rf"DEBUG copy a -> b: {MiB + 1} bytes in \d+\.\d{{3}} s by {method}\n", text), text

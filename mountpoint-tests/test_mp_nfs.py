@@ -25,6 +25,7 @@ import pytest
 from mpkit import MiB, gone, sh, sha256, write_file
 
 from offloadfs.cli import read_status
+from offloadfs.daemon import STOP_WITHIN
 from offloadfs.lab.ganesha import ganesha_lab
 from offloadfs.lab.mount import offloadfs_cli, offloadfs_mount
 
@@ -180,7 +181,7 @@ def test_interrupted_cp_returns_at_once_while_nfsd_is_stalled(nfsd, mount_on):
 
 def test_sigterm_ends_the_daemon_while_nfsd_is_stalled(nfsd, mount_on):
     """Closing an open file and the session cannot finish while the server does not answer: the daemon
-    still ends within 5 s of SIGTERM."""
+    still ends (within STOP_WITHIN of SIGTERM on an idle machine)."""
     _, lab = nfsd
     mnt = mount_on("nfsd")
     pid = mnt.status()["pid"]
@@ -191,8 +192,10 @@ def test_sigterm_ends_the_daemon_while_nfsd_is_stalled(nfsd, mount_on):
     try:
         start = time.monotonic()
         os.kill(pid, signal.SIGTERM)
+        # A hang guard, not the promise: a daemon waiting on the stopped server never ends, and
+        # STOP_WITHIN is no promise to a machine busy with other work.
         while not gone(pid):
-            assert time.monotonic() - start < 10, "the daemon is still there 10 s after SIGTERM"
+            assert time.monotonic() - start < STOP_WITHIN + HANG_BOUND, "the daemon outlived SIGTERM"
             time.sleep(0.05)
         print(f"daemon ended {time.monotonic() - start:.2f} s after SIGTERM, the server stalled")
     finally:

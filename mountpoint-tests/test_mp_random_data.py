@@ -35,8 +35,10 @@ CHECK_EVERY = 1000
 COPIED = 64 * 1024  # what op_copy_rw reads and writes at a time, as cp-like tools do
 MARGIN = 7  # bytes checked on each side of a touched range
 # nfsd under TCG: 18-23 ms a step (plain) on a quiet machine, 65 ms on a busy one: 20 000 would
-# take 6-22 min; 5000 took 93 s plain and 54 s with writeback_cache
-STEPS = {"local": 20_000, "smb": 20_000, "nfs": 20_000, "nfsd": 5_000}
+# take 6-22 min; 5000 took 93 s plain and 54 s with writeback_cache.  ganesha's 20 000 took 77 s
+# (39 s with writeback_cache) of the suite's 34 min: 10 000 there and on local.  SMB keeps 20 000:
+# a race in recognise.py showed first at step 15 551 there (6707c24).
+STEPS = {"local": 10_000, "smb": 20_000, "nfs": 10_000, "nfsd": 5_000}
 
 FALLOC_FL_KEEP_SIZE = 0x01
 FALLOC_FL_PUNCH_HOLE = 0x02

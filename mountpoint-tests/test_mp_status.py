@@ -13,6 +13,7 @@ import sys
 import termios
 import time
 
+import pytest
 from mpkit import GiB, MiB, sh, write_file
 
 from offloadfs import cli
@@ -67,6 +68,23 @@ def test_bytes_kept_off_the_network(backing, mount):
     assert counters["bytes_kept_off_network"] == 2 * (8 * MiB + 1)
     out = offloadfs_cli("status", mnt.path, check=True).stdout
     assert "16.0 MiB kept off the network" in out, out
+
+
+@pytest.mark.parametrize("where", ["local-btrfs", "smb-btrfs"])
+def test_a_recognised_copy_keeps_only_its_write_off_the_network(mount_on, where):
+    """Issue #31: after an rsync of 1 GiB status said 2048 MiB kept off the network; the link had
+    carried 1026 MiB.  rsync read the source through the mount (its bytes came down once) and wrote
+    it: the recognised copy spared the write, and reading it back from a source whose attributes
+    prove nothing (SMB; offload=always reads back whatever the link) cost as much again."""
+    mnt = mount_on(where, ["offload=always"])
+    write_file(mnt.backing / "src", 8 * MiB)
+    sh("rsync", mnt.path / "src", mnt.path / "dst")
+    counters = mnt.counters()
+    committed = sum(counters["recognised_committed"].values())
+    assert committed > 0 and counters["copies"]["stream"] == 0, counters
+    read_back = counters["recognised_verified"]
+    assert read_back == (committed if where.startswith("smb") else 0), counters
+    assert counters["bytes_kept_off_network"] == committed - read_back, counters
 
 
 def test_streamed_copies_keep_nothing_off_the_network(backing, mount):
@@ -127,7 +145,8 @@ def test_watch_draws_bars_and_ends_with_the_mount(backing, mount):
         assert f"{mnt.path}/big".encode() in screen
         unmount(mnt.path)
         read_until(main, lambda _: watch.poll() is not None, 30)
-        assert watch.poll() == 1 and "not an offloadfs mount" in watch.stderr.read()
+        # Issue #31: it said "not an offloadfs mount", as if the wrong path had been given.
+        assert watch.poll() == 0 and watch.stderr.read() == f"offloadfs: {mnt.path}: the mount has ended\n"
     finally:
         if watch.poll() is None:
             watch.kill()

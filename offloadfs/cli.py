@@ -15,11 +15,13 @@ import select
 import signal
 import sys
 import time
+from importlib import metadata
 
 from . import logs
 from .backends import SourceError
 from .fuse import mount as fusemount
-from .options import OptionError, parse
+from .backends import scheme_of
+from .options import OptionError, check_sources, parse
 
 STATUS_XATTR = "user.offloadfs.status"
 READY_TIMEOUT = 30
@@ -32,6 +34,10 @@ class UsageError(Exception):
 
 class Failed(Exception):
     """The command was right but did not work (exit 32)."""
+
+
+class NotMounted(UsageError):
+    """Nothing of ours is mounted there: never was, or (under status --watch) no longer is."""
 
 
 def _fail(msg, code=EX_FAIL):
@@ -54,13 +60,19 @@ def _check_mountpoint(path):
         raise Failed(f"mountpoint {path}: already a mount point")
 
 
-def do_mount(source, mountpoint, options, foreground, fake=False, verbose=False):
-    """Mount; ``fake`` (mount -f) checks the mountpoint and options and stops short of mounting."""
+def do_mount(source, mountpoint, options, foreground, fake=False, verbose=False, by_mount8=False):
+    """Mount; ``fake`` (mount -f) checks the sources, mountpoint and options and stops short of mounting.
+
+    ``by_mount8``: mount(8) runs us, for fstab or a systemd unit, where a network source needs _netdev.
+    """
     from . import daemon
 
     # Resolved now, while nothing is mounted there: the daemon must never stat its own mount.
     config = parse(os.path.realpath(mountpoint), source, options)
+    check_sources(config)
     _check_mountpoint(mountpoint)
+    if by_mount8:
+        _warn_without_netdev(config, options)
     if fake:
         return 0
     log = logs.choose(config.logfile, foreground)
@@ -77,6 +89,16 @@ def do_mount(source, mountpoint, options, foreground, fake=False, verbose=False)
         _daemon_child(config, log, write_end)
     os.close(write_end)
     return _wait_ready(read_end, pid, config.mountpoint)
+
+
+def _warn_without_netdev(config, options):
+    """systemd knows cifs and nfs for network filesystems, not offloadfs: without _netdev an fstab line or
+    unit is mounted before the network is up, and its failure at boot ends in emergency mode."""
+    network = sorted({scheme_of(url) for url in config.sources.values()} - {"file"})
+    if network and "_netdev" not in (o for s in options for o in s.split(",")):
+        print(f"offloadfs: warning: a {network[0]}:// source without _netdev: in fstab or a systemd unit "
+              f"add _netdev, or it is mounted before the network is up and a failure at boot "
+              f"ends in emergency mode", file=sys.stderr)
 
 
 def _daemon_child(config, log, ready_fd):
@@ -144,19 +166,18 @@ def _wait_ready(fd, pid, mountpoint):
 
 def do_umount(mountpoint, lazy, force=False):
     mountpoint = os.path.realpath(mountpoint)
-    here = fusemount.is_mounted(mountpoint)
-    dev = fusemount.device(mountpoint) if here else None
-    elsewhere = fusemount.holders(mountpoint, dev)
+    here = fusemount.mount_entry(mountpoint) if fusemount.is_mounted(mountpoint) else None
+    elsewhere = fusemount.holders(mountpoint, here and here.dev)
     if not here and not elsewhere:
         raise Failed(f"{mountpoint}: not an offloadfs mount")
     if force:
         fusemount.force_unmount(mountpoint, elsewhere)
         return 0
-    if elsewhere:
-        holders = ", ".join(f"pid {pid} {_comm(pid)}" for pid, _, _ in elsewhere[:3])
-        what = "also mounted" if here else "not mounted here, but the daemon still serves it"
-        raise Failed(f"{mountpoint}: {what} in {len(elsewhere)} other mount namespace(s) ({holders}); "
-                     f"'offloadfs umount --force {mountpoint}' ends it everywhere")
+    # Copies the unmount here takes along (peers and slaves of a shared mount) do not keep the daemon.
+    outliving = fusemount.outliving(elsewhere, here) if here else elsewhere
+    if outliving:
+        raise _held_elsewhere(mountpoint, outliving, "also mounted" if here else
+                              "not mounted here, but the daemon still serves it")
     try:
         fusemount.unmount(mountpoint, lazy=lazy)
     except OSError as e:
@@ -164,7 +185,16 @@ def do_umount(mountpoint, lazy, force=False):
             raise Failed(f"{mountpoint}: busy (files open or a process inside); "
                          f"'offloadfs umount -l' detaches it now") from None
         raise Failed(str(e)) from None
+    left = fusemount.holders(mountpoint, here.dev)
+    if left:  # propagation other than mountinfo told
+        raise _held_elsewhere(mountpoint, left, "unmounted here, but still mounted")
     return 0
+
+
+def _held_elsewhere(mountpoint, copies, what):
+    holders = ", ".join(f"pid {copy.pid} {_comm(copy.pid)}" for copy in copies[:3])
+    return Failed(f"{mountpoint}: {what} in {len(copies)} other mount namespace(s) ({holders}); "
+                  f"'offloadfs umount --force {mountpoint}' ends it everywhere")
 
 
 def _comm(pid):
@@ -182,7 +212,7 @@ def read_status(mountpoint):
         if e.errno == errno.ENOTCONN:
             raise UsageError(f"{mountpoint}: the daemon is gone; run 'offloadfs umount {mountpoint}'") from None
         if e.errno in (errno.ENODATA, errno.EOPNOTSUPP, errno.ENOTSUP):
-            raise UsageError(f"{mountpoint}: not an offloadfs mount") from None
+            raise NotMounted(f"{mountpoint}: not an offloadfs mount") from None
         raise UsageError(f"{mountpoint}: {e.strerror}") from None
 
 
@@ -201,7 +231,7 @@ def do_status(mountpoint, as_json, watch=False):
         return found
 
     if watch:
-        return statusview.watch(gather)
+        return statusview.watch(gather, ended=NotMounted)
     statuses = gather()
     if not as_json:
         print(statusview.text(statuses) if statuses else "no offloadfs mounts")
@@ -252,8 +282,10 @@ MOUNT_OPTIONS = [
     ("SMB: credentials=FILE", "username=, password=, domain= lines; mode 0600"),
     ("SMB: username=, domain=, port=, file_mode=, dir_mode=, seal, vers=",
      "as in mount.cifs; vers: 3.1.1, 3.0.2, 3.0, 2.1"),
+    ("SMB: closetimeo=SECONDS", "keep a released read-only handle open under its lease (0: off, the default)"),
     ("NFS: soft, hard, timeo=, retrans=, rsize=, wsize=, minorversion=", "as in nfs(5)"),
-    ("defaults, noauto, nofail, _netdev, x-*, ...", "accepted and ignored, for fstab"),
+    ("defaults, noauto, nofail, x-*, ...", "accepted and ignored, for fstab"),
+    ("_netdev", "for fstab and units: tells systemd a smb:// or nfs:// mount needs the network"),
 ]
 EXIT_STATUS = "exit status: 0 done, 1 wrong invocation or option, 32 the mount or unmount failed"
 
@@ -267,6 +299,7 @@ def _subcommand(sub, name, summary, examples, epilog=""):
 def _parser():
     p = _Parser(prog="offloadfs", description="FUSE filesystem that turns copies into clones and "
                 "server-side copies.  See offloadfs COMMAND --help and offloadfs(8).")
+    p.add_argument("--version", action="version", version=f"%(prog)s {metadata.version('offloadfs')}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     m = _subcommand(sub, "mount", "mount SOURCE (a path or URL) on MOUNTPOINT", [
         "offloadfs mount /srv/data /mnt/data -o passthrough",
@@ -343,12 +376,13 @@ def mount_helper_main(argv=None):
                 "and fstab lines of type offloadfs.  See mount.offloadfs(8).",
                 epilog="examples:\n  mount -t offloadfs /srv/data /mnt/data -o passthrough\n"
                 "  mount -t offloadfs smb://backup@nas/data /mnt/nas -o credentials=/etc/offloadfs/nas.cred\n"
-                "  mount -t offloadfs offloadfs /mnt/all -o config=/etc/offloadfs.toml\n\n" + EXIT_STATUS)
+                "  mount -t offloadfs offloadfs /mnt/all -o config=/etc/offloadfs.toml\n\n"
+                "mounted, the type shows as fuse.offloadfs (FUSE's form): findmnt -t fuse.offloadfs\n\n" + EXIT_STATUS)
     p.add_argument("source", metavar="SOURCE", help="a path or URL; offloadfs or none with source=/config=")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing directory")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTIONS",
                    help="mount options, as offloadfs mount -o (see offloadfs mount --help)")
-    p.add_argument("-f", dest="fake", action="store_true", help="fake: check the options and MOUNTPOINT, mount nothing")
+    p.add_argument("-f", dest="fake", action="store_true", help="fake: check SOURCE, the options and MOUNTPOINT, mount nothing")
     p.add_argument("-s", action="store_true", help="sloppy (accepted; unknown options are still refused)")
     p.add_argument("-n", action="store_true", help="no mtab (there is none to write)")
     p.add_argument("-v", action="store_true", help="verbose: say where the daemon logs")
@@ -357,4 +391,5 @@ def mount_helper_main(argv=None):
     args = p.parse_args(argv)
     # fstab needs a first field; with source=/config= options it is only a label.
     source = None if args.source in ("offloadfs", "none") else args.source
-    return _run(lambda: do_mount(source, args.mountpoint, args.options, False, fake=args.fake, verbose=args.v))
+    return _run(lambda: do_mount(source, args.mountpoint, args.options, False, fake=args.fake, verbose=args.v,
+                                 by_mount8=True))

@@ -1,6 +1,7 @@
 """The daemon: open the sources, mount, serve until unmounted, and stop on signals."""
 import ctypes
 import errno
+import importlib.metadata
 import logging
 import math
 import os
@@ -10,7 +11,7 @@ import threading
 
 import trio
 
-from . import memory
+from . import logs, memory
 from .backends import open_backend
 from .filesystem import Filesystem
 from .fuse import mount as fusemount
@@ -135,6 +136,7 @@ async def serve(config, on_ready):
     def ready():
         if os.geteuid() == 0:
             fusemount.set_readahead(config.mountpoint, READAHEAD_KIB)
+        log.info("%s", mounted(config))
         on_ready()
 
     try:
@@ -153,5 +155,18 @@ async def serve(config, on_ready):
     log.info("unmounted %s", config.mountpoint)
 
 
+def mounted(config):
+    """The line that says, once the kernel has spoken to us, what was mounted where, by which
+    version and with which options: where a mount's part of a shared log begins."""
+    try:
+        version = importlib.metadata.version("offloadfs")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, never installed
+        version = "(not installed)"
+    sources = ", ".join(url if name == "source" else f"{name}={url}" for name, url in config.sources.items())
+    options = ",".join(config.options) or "none"
+    return f"offloadfs {version}: mounted {sources} on {config.mountpoint}, options {options}"
+
+
 def run(config, on_ready):
+    logs.name_lines(config.mountpoint)
     trio.run(serve, config, on_ready)

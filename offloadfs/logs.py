@@ -4,6 +4,11 @@ In order: ``-o logfile=PATH``; the journal when systemd runs us (JOURNAL_STREAM
 names our stderr, sd-daemon(3)); the terminal with ``-f``; syslog through
 /dev/log; else a file of our own. A daemon in a container has no syslog, and
 its ``-o debug`` output must not be thrown away.
+
+Every mount logs to the same place (there is one journal, one syslog, one
+default file), so every line names its mount (``name_lines``): a log of its
+own for each mount would help only where we choose the file, and ``grep
+MOUNTPOINT`` finds one mount's lines wherever they went.
 """
 import logging
 import logging.handlers
@@ -14,7 +19,8 @@ from dataclasses import dataclass
 
 SYSLOG = "/dev/log"
 ROOT_FILE = "/var/log/offloadfs.log"
-FILE_FORMAT = "%(asctime)s offloadfs[%(process)d] %(name)s %(levelname)s %(message)s"
+FILE_FORMAT = "%(asctime)s offloadfs[%(process)d] %(mountpoint)s %(name)s %(levelname)s %(message)s"
+UNNAMED = {"mountpoint": "-"}  # what a line logged before the daemon named its mount shows
 # sd-daemon(3): a line starting "<N>" has syslog priority N.
 PRIORITIES = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
 
@@ -26,6 +32,22 @@ class Logs:
 
     def install(self, debug):
         logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, handlers=[self.handler], force=True)
+
+
+class _Mountpoint(logging.Filter):
+    def __init__(self, mountpoint):
+        super().__init__()
+        self.mountpoint = mountpoint
+
+    def filter(self, record):
+        record.mountpoint = self.mountpoint
+        return True
+
+
+def name_lines(mountpoint):
+    """From now on every line this process logs names ``mountpoint``."""
+    for handler in logging.root.handlers:
+        handler.addFilter(_Mountpoint(mountpoint))
 
 
 class JournalFormatter(logging.Formatter):
@@ -58,7 +80,7 @@ def default_file():
 
 def _file(path):
     handler = logging.handlers.WatchedFileHandler(path)  # reopens the file logrotate moved away
-    handler.setFormatter(logging.Formatter(FILE_FORMAT))
+    handler.setFormatter(logging.Formatter(FILE_FORMAT, defaults=UNNAMED))
     return Logs(path, handler)
 
 
@@ -69,15 +91,17 @@ def choose(logfile, foreground):
     if _journal():
         # A copy of stderr: the daemon points its own fds 0-2 at /dev/null.
         handler = logging.StreamHandler(os.fdopen(os.dup(2), "w", buffering=1))
-        handler.setFormatter(JournalFormatter("%(name)s: %(message)s"))
+        handler.setFormatter(JournalFormatter("%(mountpoint)s %(name)s: %(message)s", defaults=UNNAMED))
         return Logs("the journal", handler)
     if foreground:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        handler.setFormatter(logging.Formatter("%(asctime)s %(mountpoint)s %(name)s %(levelname)s %(message)s",
+                                               defaults=UNNAMED))
         return Logs("stderr", handler)
     if _listening(SYSLOG):
         handler = logging.handlers.SysLogHandler(SYSLOG)
-        handler.setFormatter(logging.Formatter("offloadfs[%(process)d]: %(message)s"))
+        handler.setFormatter(logging.Formatter("offloadfs[%(process)d]: %(mountpoint)s %(message)s",
+                                               defaults=UNNAMED))
         return Logs(f"syslog ({SYSLOG})", handler)
     try:
         return _file(default_file())

@@ -4,10 +4,11 @@ Everything a user can get wrong is checked here, before the daemon forks, so
 that a bad option is one clear line on stderr and nothing gets mounted.
 """
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 
-from .backends import SourceError, check_options
+from .backends import SourceError, check_options, check_source, scheme_of, shown
 from .filesystem import Options
 from .fuse.mount import FLAG_OPTIONS, MS_RDONLY
 
@@ -16,6 +17,9 @@ IGNORED = {"defaults", "auto", "noauto", "nofail", "_netdev", "user", "users", "
            "group", "rw", "suid", "dev", "exec", "async", "atime", "relatime", "strictatime",
            "diratime", "loud", "silent"}
 IGNORED_PREFIXES = ("x-", "comment=")
+# mount.cifs's and mount.nfs's source forms, and how we write them: told from paths that do not exist.
+OTHER_FORMS = ((re.compile(r"//([^/]+/.+)"), "an SMB share is written smb://{}"),
+               (re.compile(r"([^/:]+):(/.*)"), "an NFS export is written nfs://{}{}"))
 # The core's own options (FLAG_OPTIONS aside); backends list theirs in their OPTIONS.
 FLAGS = ("allow_other", "default_permissions", "debug", "passthrough", "writeback_cache")
 VALUED = ("uid", "gid", "umask", "attr_timeout", "entry_timeout", "offload", "detect_copies", "source", "config",
@@ -39,6 +43,7 @@ class MountConfig:
     logfile: str = None  # where the daemon logs instead of the journal, syslog or the default file
     fs: Options = field(default_factory=Options)
     backend_options: dict = field(default_factory=dict)  # name -> value, or True for a flag
+    options: list = field(default_factory=list)  # as given, for the log's first line
 
     @property
     def fsname(self):
@@ -80,7 +85,19 @@ def _add_source(config, name, url):
         raise OptionError(f"source {name}: no path or URL given")
     if name in config.sources:
         raise OptionError(f"source {name}: given twice")
-    config.sources[name] = url
+    config.sources[name] = _source(url)
+
+
+def _source(url):
+    """A local path made absolute (mountinfo and status show it, and no one knows whose working
+    directory a relative one meant), once it is told from another tool's form of a share."""
+    if scheme_of(url) != "file" or url.startswith("file:"):
+        return url
+    if not os.path.exists(url):
+        for form, ours in OTHER_FORMS:
+            if match := form.fullmatch(url):
+                raise OptionError(f"source {url}: no such directory; {ours.format(*match.groups())}")
+    return os.path.abspath(url)
 
 
 def read_config_file(config, path):
@@ -106,9 +123,9 @@ def read_config_file(config, path):
 
 def parse(mountpoint, source, option_strings):
     """Build a MountConfig from the positional SOURCE (or None) and the -o strings."""
-    config = MountConfig(mountpoint=mountpoint)
+    config = MountConfig(mountpoint=mountpoint, options=[o for s in option_strings for o in s.split(",") if o])
     fs = config.fs
-    for opt in (o for s in option_strings for o in s.split(",") if o):
+    for opt in config.options:
         name, eq, value = opt.partition("=")
         if opt in IGNORED or opt.startswith(IGNORED_PREFIXES):
             continue
@@ -145,7 +162,7 @@ def parse(mountpoint, source, option_strings):
     if source is not None:
         if config.sources:
             raise OptionError("give either SOURCE or source=/config= options, not both")
-        config.sources["source"] = source
+        config.sources["source"] = _source(source)
     if not config.sources:
         raise OptionError("no source: give SOURCE, or -o source=NAME=SOURCE or -o config=FILE")
     try:
@@ -163,3 +180,13 @@ def parse(mountpoint, source, option_strings):
         # The daemon reaches the sources as root: other users must meet the kernel's checks.
         config.default_permissions = True
     return config
+
+
+def check_sources(config):
+    """Check every source as its mount would, reaching no server (mount -f stops after this):
+    a malformed URL or option is an OptionError, a source that is not there a SourceError."""
+    for url in config.sources.values():
+        try:
+            check_source(url, config.backend_options)
+        except ValueError as e:
+            raise OptionError(f"source {shown(url)}: {e}") from None

@@ -16,6 +16,7 @@ through FUSE).
 import contextlib
 import logging
 import math
+import time
 from dataclasses import dataclass
 
 import trio
@@ -166,7 +167,7 @@ class Planner:
         methods = methods[:-1] if offload_only else self.choose(route, methods, length)
         if length == 0 or not methods:
             return {}
-        record = self.stats.start_copy(src.label, dst.label, length)
+        record = self.stats.start_copy(src.label, dst.label, length, recognised=offload_only)
         failed = True
         try:
             head = clone_head(dst.backend, off_in, off_out, length) if methods[0] == "clone" else 0
@@ -202,6 +203,9 @@ class Planner:
             raise
         finally:
             self.stats.end_copy(record, failed)
+            log.debug("%s %s -> %s: %d bytes in %.3f s by %s%s", "recognised copy" if offload_only else "copy",
+                      src.label, dst.label, record.bytes_done, time.time() - record.started,
+                      methods_used(record.by_method), ", failed" if failed else "")
 
     async def trim(self, dst, old_size, end, wait=TRIM_WAIT):
         """Cut the destination back to ``end`` (the part written without a gap), where a failed copy
@@ -364,6 +368,14 @@ class Planner:
         # as part of streaming; the close finds nothing left to do.
         await dst.backend.flush(dst.file)
         return done
+
+
+def methods_used(by_method):
+    """For the debug line of a copy: "clone"; "server_copy 4194304, stream 1048576" where the copy
+    changed method; "nothing" where none moved a byte."""
+    if len(by_method) > 1:
+        return ", ".join(f"{method} {n}" for method, n in by_method.items())
+    return next(iter(by_method), "nothing")
 
 
 def clone_head(backend, off_in, off_out, length):

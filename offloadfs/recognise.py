@@ -746,8 +746,9 @@ class Recogniser:
                     log.info("%s: a recognised copy's source changed before it was copied: writing "
                              "%d bytes at %d", self.endpoint(h.inode, h.file).label, stop - at, run.dst + at)
                     await self._write_run(h, run, at, stop)
+                    self.stats.written_over(stop - at)
             self.planner.carried(backend, "read", started, end - start)
-            self.stats.recognised_verified += end - start
+            self.stats.read_back(end - start)
         finally:
             with trio.CancelScope(shield=True):
                 await backend.release(file)

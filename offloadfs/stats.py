@@ -29,6 +29,7 @@ class Copy:
     bytes_done: int = 0
     started: float = 0.0
     by_method: dict = field(default_factory=dict)  # method -> bytes it moved
+    recognised: bool = False  # found in written data (recognise.py), not asked for by a copy request
 
 
 class Stats:
@@ -62,14 +63,18 @@ class Stats:
         # was expected to cost as much as writing.
         self.recognised_verified = 0
         self.recognised_unchecked = 0
+        # Bytes a plain copy would have sent across the client's link (from a local source: through
+        # the daemon) that did not go: see moved, read_back and written_over.
+        self.kept_off_network = 0
         self.in_flight = {}
         self._ids = itertools.count(1)
 
-    def start_copy(self, source, destination, total):
+    def start_copy(self, source, destination, total, recognised=False):
         """A copy for the user the request acts for (CALLER: the opener of the destination, or the
-        writer whose recognised copy is committed)."""
+        writer whose ``recognised`` copy is committed)."""
         self.copy_requests += 1
-        copy = Copy(next(self._ids), CALLER.get().uid, source, destination, total, started=time.time())
+        copy = Copy(next(self._ids), CALLER.get().uid, source, destination, total, started=time.time(),
+                    recognised=recognised)
         self.in_flight[copy.id] = copy
         return copy
 
@@ -81,6 +86,21 @@ class Stats:
         self.copy_bytes[method] += nbytes
         if first:
             self.copies[method] += 1
+        if method in OFFLOADS:
+            # Streamed, a copy request's bytes would be read down and written up: both are spared.
+            # A recognised copy's bytes came down already, as the program read them: only the write.
+            self.kept_off_network += nbytes if copy.recognised else 2 * nbytes
+
+    def read_back(self, nbytes):
+        """A recognised copy's bytes read back to compare (its source proves nothing): traffic the
+        offload cost, which a plain write would not have."""
+        self.recognised_verified += nbytes
+        self.kept_off_network -= nbytes
+
+    def written_over(self, nbytes):
+        """Bytes of a recognised copy found to differ when read back, and written after all: the
+        write its offload spared was not spared."""
+        self.kept_off_network -= nbytes
 
     def switched(self, copy, method):
         """``copy`` goes on by ``method``, from the byte where the one before it stopped."""
@@ -124,7 +144,7 @@ class Stats:
                 "lookups_absent": self.lookups_absent,
                 "listings_ahead": self.listings_ahead,
                 "dir_reads": self.dir_reads,
-                "bytes_kept_off_network": kept_off_network(self.copy_bytes),
+                "bytes_kept_off_network": self.kept_off_network,
                 **added_up(b.counters() for b in backends),
                 "recognised_bytes": self.recognised_bytes,
                 "recognised_committed": dict(self.recognised_committed),
@@ -155,8 +175,3 @@ def progress(done, total, started, now):
     rate = done / elapsed if elapsed > 0 else 0.0
     return {"bytes_per_second": rate, "seconds_left": (total - done) / rate if rate else None}
 
-
-def kept_off_network(copy_bytes):
-    """Streamed, each byte of an offloaded copy would have been read from the source and written to
-    the destination: twice across the client's link (on a local source: through the daemon)."""
-    return 2 * sum(copy_bytes.get(m, 0) for m in OFFLOADS)

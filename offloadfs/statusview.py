@@ -5,6 +5,7 @@ worked out here from ``bytes_done`` and ``started`` as the daemon does, so a
 daemon started before an upgrade still shows them.
 """
 import os
+import sys
 import time
 
 from rich.console import Console, Group
@@ -13,14 +14,17 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from .stats import kept_off_network, progress
+from .stats import progress
 
 WATCH_INTERVAL = 0.5
+BAR = 40  # columns of a progress bar at most
 
 
 def size(n):
+    """Negative too: recognised copies read back and written after all keep less than nothing off
+    the network."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
+        if abs(n) < 1024 or unit == "TiB":
             return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
 
@@ -42,7 +46,7 @@ def _header(status):
              f"up {duration(time.time() - status['since'])}"]
     lines += [f"  source {name}: {url}" for name, url in status["sources"].items()]
     lines.append(f"  copies: {c['copy_requests']} requests, {c['copy_errors']} errors, "
-                 f"{size(kept_off_network(c['copy_bytes']))} kept off the network")
+                 f"{size(c['bytes_kept_off_network'])} kept off the network")
     lines += [f"    {method:<18} {count:>6} copies {size(c['copy_bytes'][method]):>12}"
               for method, count in c["copies"].items()]
     lines += _recognised(c)
@@ -57,7 +61,8 @@ def _recognised(c):
         return []
     by_method = c.get("recognised_committed", {})
     lines = [f"  recognised copies: {size(c['recognised_bytes'])} recognised, "
-             f"{size(sum(by_method.values()))} committed ({size(c.get('recognised_verified', 0))} read back), "
+             f"{size(sum(by_method.values()))} committed",
+             f"    {size(c.get('recognised_verified', 0))} read back, "
              f"{size(c.get('recognised_written', 0))} written after all"]
     lines += [f"    {method:<18} {size(n)}" for method, n in by_method.items() if n]
     return lines
@@ -96,21 +101,35 @@ def _live(statuses):
             parts.append(Text(status))
             continue
         parts.append(Text("\n".join(_header(status))))
+        if status["copies_in_flight"]:
+            parts.append(Text("  in flight:"))
         for cp in status["copies_in_flight"]:
             what, how = _copy(status, cp)
+            # The bar takes what the progress leaves of the line, up to BAR: whole lines at 80 columns.
             bars = Table.grid(padding=(0, 1))
-            bars.add_row("     ", ProgressBar(total=max(cp["bytes_total"], 1), completed=cp["bytes_done"], width=40),
+            bars.add_column(width=5)
+            bars.add_column(max_width=BAR)
+            bars.add_column(no_wrap=True)
+            bars.add_row("", ProgressBar(total=max(cp["bytes_total"], 1), completed=cp["bytes_done"], width=None),
                          how)
             parts += [Text(f"    {what}"), bars]
     return Group(*parts)
 
 
-def watch(gather):
-    """Redraw ``gather()`` until interrupted; an error from it (the mount went away) ends the watch."""
-    with Live(_live(gather()), console=Console(), auto_refresh=False) as live:
+def watch(gather, ended):
+    """Redraw ``gather()`` until interrupted.  ``ended`` from it, once drawn, is the mount gone
+    (unmounted): said, and the watch is done; any other error ends it as that error (the daemon died)."""
+    statuses = gather()
+    with Live(_live(statuses), console=Console(), auto_refresh=False) as live:
         try:
             while True:
                 time.sleep(WATCH_INTERVAL)
-                live.update(_live(gather()), refresh=True)
+                statuses = gather()
+                live.update(_live(statuses), refresh=True)
         except KeyboardInterrupt:
             return 0
+        except ended:
+            pass
+    for status in statuses:
+        print(f"offloadfs: {status['mountpoint']}: the mount has ended", file=sys.stderr)
+    return 0

@@ -2,6 +2,7 @@
 import re
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,14 @@ def test_mount_helper_help():
     for flag in ("-f", "-n", "-s", "-v", "-o", "-t", "-N"):
         assert re.search(rf"^\s+{flag}\b.*\S", proc.stdout, re.M), f"mount.offloadfs --help: {flag}"
     assert "mount -t offloadfs" in proc.stdout
+
+
+def test_version_is_the_installed_package_version():
+    """pyproject.toml is the one place the version is written; --version and the man pages follow it."""
+    proc = run("--version")
+    assert proc.returncode == 0 and proc.stdout == f"offloadfs {metadata.version('offloadfs')}\n", proc
+    for page in ("offloadfs.8", "mount.offloadfs.8"):
+        assert not re.search(r"\d+\.\d+\.\d+", man(page).splitlines()[0]), f"{page}: .TH names a version"
 
 
 def man(page):

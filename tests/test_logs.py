@@ -21,6 +21,26 @@ def emit(chosen, level, msg):
     chosen.handler.flush()
 
 
+@pytest.fixture
+def root_handler():
+    """The chosen destination installed as the daemon installs it; the test's own put back after."""
+    handlers, level = logging.root.handlers[:], logging.root.level
+    yield
+    logging.root.handlers[:] = handlers
+    logging.root.setLevel(level)
+
+
+def test_every_line_names_its_mount(no_journal_no_syslog, tmp_path, root_handler):
+    """Issue #31: mounts share one log (the journal, syslog, the default file): a line must say
+    which mount it is about, wherever it goes."""
+    chosen = logs.choose(str(tmp_path / "shared.log"), foreground=False)
+    chosen.install(debug=True)
+    logs.name_lines("/mnt/one two")
+    logging.getLogger("offloadfs.t").debug("hello")
+    chosen.handler.flush()
+    assert " /mnt/one two offloadfs.t DEBUG hello\n" in (tmp_path / "shared.log").read_text()
+
+
 def test_logfile_wins(no_journal_no_syslog, tmp_path, monkeypatch):
     st = os.fstat(2)
     monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino}")
@@ -43,7 +63,7 @@ def test_journal_lines_carry_their_priority(no_journal_no_syslog, tmp_path, monk
         finally:
             os.dup2(saved, 2)
     assert chosen.where == "the journal"
-    assert (tmp_path / "journal").read_text() == "<3>offloadfs.t: one\n<3>two\n<7>offloadfs.t: three\n"
+    assert (tmp_path / "journal").read_text() == "<3>- offloadfs.t: one\n<3>two\n<7>- offloadfs.t: three\n"
 
 
 def test_journal_stream_of_another_file_is_not_ours(no_journal_no_syslog, monkeypatch):
@@ -60,7 +80,7 @@ def test_syslog_where_there_is_one(no_journal_no_syslog, tmp_path, monkeypatch):
         chosen = logs.choose(None, foreground=False)
         assert chosen.where == f"syslog ({path})"
         emit(chosen, logging.INFO, "hello")
-        assert server.recv(1000).endswith(f"offloadfs[{os.getpid()}]: hello\x00".encode())
+        assert server.recv(1000).endswith(f"offloadfs[{os.getpid()}]: - hello\x00".encode())
 
 
 def test_default_file_for_root_and_for_others(no_journal_no_syslog, tmp_path, monkeypatch):

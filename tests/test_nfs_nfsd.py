@@ -2,7 +2,7 @@
 
 nfsd answers COPY synchronously up to 4 MiB a call and asynchronously with
 CB_OFFLOAD on our back channel; CLONE shares extents; SEEK and READ_PLUS work.
-Booting the guest takes ~10-20 s under TCG, once for the module.
+Booting the guest takes ~10-20 s under TCG, once a run (the root conftest's nfsd_reflink_lab).
 """
 import errno
 import itertools
@@ -27,18 +27,9 @@ pytestmark = [
 _dirs = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def guest():
-    from offloadfs.lab.nfsd import nfsd_lab
-    try:
-        lab = nfsd_lab()
-        server = lab.__enter__()
-    except RuntimeError as e:
-        pytest.skip(f"no nfsd guest: {e}")
-    try:
-        yield server.guest
-    finally:
-        lab.__exit__(None, None, None)
+@pytest.fixture
+def guest(nfsd_reflink_lab):
+    return nfsd_reflink_lab.guest
 
 
 @pytest.fixture

@@ -743,6 +743,9 @@ async def test_a_source_rewritten_without_a_trace_is_caught_by_reading_the_copy_
     c = m.counters()
     assert c["recognised_verified"] == len(BIG)
     assert 1 << 20 <= c["recognised_written"] <= 1 << 20 | recognise.VERIFY_PIECE
+    # Issue #31: the offload spared the write, reading back cost as much, and what differed was
+    # written on top: more went over the link than a plain copy would have sent.
+    assert c["bytes_kept_off_network"] == -c["recognised_written"]
 
 
 async def test_a_source_whose_attributes_are_exact_is_not_read_back(monkeypatch):
@@ -756,6 +759,8 @@ async def test_a_source_whose_attributes_are_exact_is_not_read_back(monkeypatch)
     await m.rec.commit(h.inode)
     assert bytes(h.file) == BIG and not any(f is h.file for f in read) and m.server.sent == 0
     assert m.counters()["recognised_verified"] == 0
+    # Issue #31: the program's reads brought the bytes down once; only the write was spared.
+    assert m.counters()["bytes_kept_off_network"] == len(BIG)
 
 
 async def test_where_reading_back_costs_as_much_as_writing_found_bytes_go_out_as_they_come():

@@ -25,7 +25,7 @@ def test_url_parts(creds):
     assert (t.host, t.port, t.share, t.path, t.username, t.domain) == (
         "files.example", 4455, "data", "projects\\x y", "alice", "")
     assert t.password == SECRET
-    assert (t.dialect, t.seal, t.file_mode, t.dir_mode) == (None, False, 0o755, 0o755)
+    assert (t.dialect, t.seal, t.file_mode, t.dir_mode, t.close_after) == (None, False, 0o755, 0o755, 0)
     assert t.unc == "\\\\files.example\\data"
 
 
@@ -41,9 +41,9 @@ def test_user_from_credentials_file_and_password_from_environment(creds):
 
 def test_options(creds):
     t = parse("smb://alice@h/s", {"credentials": creds(), "vers": "3.0", "seal": True, "file_mode": "0644",
-                                  "dir_mode": "750", "port": "1445", "domain": "W"})
-    assert (t.dialect, t.seal, t.file_mode, t.dir_mode, t.port, t.domain) == (
-        Dialects.SMB_3_0_0, True, 0o644, 0o750, 1445, "W")
+                                  "dir_mode": "750", "port": "1445", "domain": "W", "closetimeo": "1"})
+    assert (t.dialect, t.seal, t.file_mode, t.dir_mode, t.port, t.domain, t.close_after) == (
+        Dialects.SMB_3_0_0, True, 0o644, 0o750, 1445, "W", 1)
     assert parse("smb://alice@h/s", {"credentials": creds(), "vers": "3.1.1"}).dialect == Dialects.SMB_3_1_1
 
 
@@ -56,6 +56,7 @@ def test_options(creds):
     ("smb://alice@h/s", {"vers": "2.1", "seal": True}, "seal needs SMB 3"),
     ("smb://alice@h/s", {"seal": "yes"}, "seal takes no value"),
     ("smb://alice@h/s", {"file_mode": "abc"}, "not a number"),
+    ("smb://alice@h/s", {"closetimeo": "-1"}, "closetimeo=-1"),
     ("smb://alice@h/s", {"dir_mode": "17777"}, "not a permission mode"),
     ("smb://alice@h:1445/s", {"port": "445"}, "port given twice"),
     ("smb://alice@h:0/s", {}, "port 0"),
@@ -86,15 +87,15 @@ def test_credentials_file_readable_by_others_is_refused(creds):
         open_backend("smb://alice@h/s", {"credentials": path})
     assert "readable by group or others" in str(e.value) and f"chmod 600 {path}" in str(e.value)
     assert SECRET not in str(e.value)
-    with pytest.raises(ValueError, match="readable by group"):
+    with pytest.raises(SourceError, match="readable by group"):
         parse("smb://alice@h/s", {"credentials": creds(mode=0o640)})
 
 
 def test_credentials_file_errors_never_quote_a_line(creds):
-    with pytest.raises(ValueError, match="line 2") as e:
+    with pytest.raises(SourceError, match="line 2") as e:
         parse("smb://h/s", {"credentials": creds(f"username=a\n{SECRET}\n")})
     assert SECRET not in str(e.value)
-    with pytest.raises(ValueError, match="No such file"):
+    with pytest.raises(SourceError, match="No such file"):
         parse("smb://h/s", {"credentials": "/nonexistent/cred"})
 
 
@@ -118,7 +119,8 @@ def test_mount_options_reach_the_backend(creds):
     path = creds()
     config = parse_mount_options("/mnt", "smb://alice@h/s", [f"credentials={path},vers=3.0,seal,uid=1000"])
     assert config.backend_options == {"credentials": path, "vers": "3.0", "seal": True}
-    assert SMBBackend.OPTIONS == {"credentials", "username", "domain", "file_mode", "dir_mode", "seal", "vers", "port"}
+    assert SMBBackend.OPTIONS == {"credentials", "username", "domain", "file_mode", "dir_mode", "seal", "vers", "port",
+                                  "closetimeo"}
     backend = open_backend("smb://alice@h/s", config.backend_options)
     assert isinstance(backend, SMBBackend) and backend.target.seal
 

@@ -4,7 +4,9 @@ A source URL's scheme picks the backend.  Each backend class lists the mount
 options it takes in ``OPTIONS``; options the core does not know are passed
 to every backend of the mount that takes them.
 """
+import contextlib
 import importlib
+from urllib.parse import urlsplit
 
 from .base import Backend
 
@@ -38,25 +40,54 @@ def backend_class(scheme):
 
 
 def check_options(urls, options):
-    """Refuse an option that no backend of these sources takes (only their modules are loaded)."""
-    known = set().union(*(backend_class(scheme_of(url)).OPTIONS for url in urls))
+    """Refuse an option that no backend of these sources takes (only their modules are loaded),
+    with the form to use where another tool's option was meant."""
+    classes = [backend_class(scheme_of(url)) for url in urls]
+    known = set().union(*(cls.OPTIONS for cls in classes))
     for name in options:
         if name not in known:
-            raise SourceError(f"unknown mount option '{name}'")
+            hint = next((cls.HINTS[name] for cls in classes if name in cls.HINTS), None)
+            raise SourceError(f"unknown mount option '{name}'" + (f": {hint}" if hint else ""))
 
 
-def open_backend(url, options) -> Backend:
-    """The backend serving ``url``, given the backend options of the mount ({name: value or True})."""
-    cls = backend_class(scheme_of(url))
+def shown(url):
+    """``url`` as a message may quote it: a password in it (refused) is left out."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", "@", 1)).geturl()
+
+
+@contextlib.contextmanager
+def _source_errors(url):
+    """A source that is not there, or not a directory, as a SourceError that names it."""
     try:
-        return cls(url, {k: v for k, v in options.items() if k in cls.OPTIONS})
-    except SourceError:
-        raise
-    except ValueError as e:
-        raise SourceError(f"source {url}: {e}") from None
+        yield
     except FileNotFoundError:
         raise SourceError(f"source {url}: no such directory") from None
     except NotADirectoryError:
         raise SourceError(f"source {url}: not a directory") from None
     except OSError as e:
         raise SourceError(f"source {url}: {e.strerror}") from None
+
+
+def _options_for(cls, options):
+    return {k: v for k, v in options.items() if k in cls.OPTIONS}
+
+
+def check_source(url, options):
+    """Check ``url`` and the mount's backend options as open_backend will, reaching no server (all
+    that mount -f does): ValueError for a malformed URL or option, SourceError for what is not there."""
+    cls = backend_class(scheme_of(url))
+    with _source_errors(url):
+        cls.check(url, _options_for(cls, options))
+
+
+def open_backend(url, options) -> Backend:
+    """The backend serving ``url``, given the backend options of the mount ({name: value or True})."""
+    cls = backend_class(scheme_of(url))
+    with _source_errors(url):
+        try:
+            return cls(url, _options_for(cls, options))
+        except ValueError as e:
+            raise SourceError(f"source {shown(url)}: {e}") from None

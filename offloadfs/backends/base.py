@@ -132,6 +132,7 @@ class Backend:
 
     url: str
     OPTIONS: frozenset = frozenset()  # the mount options this backend takes
+    HINTS: dict = {}  # option name -> the form to use instead, for options other tools take
     # Whether an offload to this backend spares this machine moving the bytes (a server copies
     # them, a filesystem shares them): only then do copies recognised in plain writes
     # (recognise.py) pay for hashing every byte read and written.
@@ -147,6 +148,12 @@ class Backend:
     # SETATTR would act for the writer, who may not chmod a file they do not own.
     clears_setid_on_write = False
     name_max = 255  # the longest name in bytes the source takes; set by root() where it says less
+
+    @classmethod
+    def check(cls, url, options):
+        """Check the source as __init__ does, before the daemon forks: ValueError for a malformed URL or
+        option, OSError for a source (or file it names) that is not there."""
+        cls(url, options)
 
     def shares_server_with(self, other: "Backend") -> bool:
         """True if a server-side copy can run from this backend's files to ``other``'s."""

@@ -114,6 +114,12 @@ def source_path(url):
 class LocalBackend(Backend):
     OPTIONS = frozenset()
 
+    @classmethod
+    def check(cls, url, options):
+        # stat, not open: the parent's fd would pass to the daemon and keep the source busy.
+        if not stat.S_ISDIR(os.stat(source_path(url)).st_mode):
+            raise NotADirectoryError
+
     def __init__(self, url, options):
         self.url = url
         self.path = os.path.abspath(source_path(url))

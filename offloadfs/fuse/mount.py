@@ -11,6 +11,9 @@ import socket
 import stat
 import subprocess
 import threading
+from typing import NamedTuple
+
+from . import utab
 
 MS_RDONLY = 1
 MS_NOSUID = 2
@@ -98,6 +101,7 @@ def unmount(mountpoint, *, lazy=False):
     if _libc.umount2(os.fsencode(mountpoint), MNT_DETACH if lazy else 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"umount {mountpoint}: {os.strerror(err)}")
+    utab.forget(mountpoint)
 
 
 def set_readahead(mountpoint, kib):
@@ -106,26 +110,43 @@ def set_readahead(mountpoint, kib):
         f.write(str(kib))
 
 
-def device(mountpoint):
-    """The mount's device number "major:minor", which also names its FUSE connection.
+class Copy(NamedTuple):
+    """A mount as one mount namespace's mountinfo shows it."""
+    pid: int  # a process of that namespace
+    path: str
+    dev: str  # "major:minor": the FUSE connection, the same in every namespace
+    tags: dict  # its propagation: {"shared": peer group, "master": peer group} as the line has them
 
-    It comes from /proc/self/mountinfo, not stat(2): the daemon must not
-    send its own mount a request it is busy serving.
+
+def _copy(pid, fields):
+    optional = fields[6:fields.index("-")]
+    return Copy(pid, _unescape(fields[4]), fields[2], dict(tag.split(":", 1) for tag in optional if ":" in tag))
+
+
+def mount_entry(mountpoint):
+    """The mount on ``mountpoint`` (the last one there) as /proc/self/mountinfo has it.
+
+    mountinfo, not stat(2): the daemon must not send its own mount a request it is busy serving.
     """
     found = None
     with open("/proc/self/mountinfo") as f:
         for line in f:
             fields = line.split()
             if _unescape(fields[4]) == mountpoint:
-                found = fields[2]
+                found = _copy(os.getpid(), fields)
     if found is None:
         raise MountError(f"{mountpoint}: not in /proc/self/mountinfo")
     return found
 
 
+def device(mountpoint):
+    """The mount's device number "major:minor", which also names its FUSE connection."""
+    return mount_entry(mountpoint).dev
+
+
 def holders(mountpoint, dev=None):
-    """[(pid, path there, device)]: one process for each other mount namespace that holds the mount (``dev``,
-    or an offloadfs mount on ``mountpoint``).
+    """[Copy]: one for each other mount namespace that holds the mount (``dev``, or an offloadfs mount on
+    ``mountpoint``).
 
     A process started with `unshare -m` or `ip netns exec` while we were mounted got a copy of
     the mount; the kernel keeps the connection, and the daemon serving, while any copy lives.
@@ -149,9 +170,24 @@ def holders(mountpoint, dev=None):
             fstype = fields[fields.index("-") + 1]
             match = fields[2] == dev if dev else path == mountpoint and fstype.endswith("offloadfs")
             if match:
-                found.append((int(pid), path, fields[2]))
+                found.append(_copy(int(pid), fields))
                 break
     return found
+
+
+def outliving(copies, ours):
+    """The ``copies`` that unmounting ``ours`` leaves mounted.
+
+    The kernel unmounts the peers of a shared mount's peer group with it, and its slaves, and
+    theirs (a slave that is shared passes the unmount on to its own peers and slaves).  A private
+    or unbindable copy, or one of another peer group, stays, and the daemon serves it on.
+    """
+    reached = {ours.tags["shared"]} if "shared" in ours.tags else set()
+    left = list(copies)
+    while taken := [c for c in left if c.tags.get("shared") in reached or c.tags.get("master") in reached]:
+        reached |= {c.tags["shared"] for c in taken if "shared" in c.tags}
+        left = [c for c in left if c not in taken]
+    return left
 
 
 def force_unmount(mountpoint, held):
@@ -164,8 +200,7 @@ def force_unmount(mountpoint, held):
     if is_mounted(mountpoint):
         dev, reach = device(mountpoint), mountpoint
     else:
-        pid, path, dev = held[0]
-        reach = f"/proc/{pid}/root{path}"
+        dev, reach = held[0].dev, f"/proc/{held[0].pid}/root{held[0].path}"
     # A hung daemon would hang the flush: it is left waiting, and the abort ends its wait.
 
     def flush_quietly():

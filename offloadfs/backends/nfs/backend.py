@@ -18,6 +18,7 @@ the requester, or for an open file whoever opened it), so the server makes
 new files theirs and checks their permissions, and a root-squashing export
 lets users reach their own files.  Keeping the session alive goes as root.
 """
+import collections
 import errno
 import itertools
 import logging
@@ -100,6 +101,7 @@ def _access(flags):
 
 class NFSBackend(Backend):
     OPTIONS = url.OPTIONS
+    HINTS = url.HINTS
     clears_setid_on_write = True  # as the Linux client has it; nfsd and ganesha do (test_mp_posix)
 
     def __init__(self, source_url, options):
@@ -109,6 +111,10 @@ class NFSBackend(Backend):
         self.supported = self.stat_attrs = 0  # attributes the server has, and those of a Stat
         self.clone_blksize = 0
         self._owners = itertools.count(1)
+        self.requests = collections.Counter()  # operation name -> sent in a compound
+
+    def counters(self):
+        return {"nfs_requests": dict(self.requests)}
 
     def shares_server_with(self, other):
         # Stateids and filehandles are only good within one client's state on one server.
@@ -117,6 +123,7 @@ class NFSBackend(Backend):
     # -- plumbing ------------------------------------------------------------------------
 
     async def _call(self, op_list, **kw):
+        self.requests.update(type(op).__name__.upper() for op in op_list if not isinstance(op, ops.PutFH))
         return await self.client.compound(op_list, cred=rpc.caller_cred(CALLER.get()), **kw)
 
     def _stat(self, v):
@@ -182,15 +189,32 @@ class NFSBackend(Backend):
         generation beside its number (xfs_fs_encode_fh), so a file removed and restored from backup
         under the old inode number is another filehandle, and the old one is refused, STALE
         (test_mp_restore)."""
+        reading = file.access == ops.SHARE_ACCESS_READ
+        if not reading:
+            await self.client.delegations.give_back(file.node.fh)
         generation = self.client.generation
-        [_, opened] = await self._call([ops.PutFH(file.node.fh), ops.Open(file.access, file.owner, 0)])
+        [_, opened] = await self._call([ops.PutFH(file.node.fh),
+                                        ops.Open(file.access, file.owner, 0, delegation=reading)])
         file.stateid, file.generation = opened.stateid, generation
         self.client.open_files.add(file)
-        self._decline(file.node.fh, opened)
+        self.client.delegations.granted(file.node, opened.delegation, self._delegation_ended if reading else None)
 
-    def _decline(self, fh, opened):
-        if opened.delegation is not None:  # asked for none; give it straight back
-            self.client.return_delegation(opened.delegation, fh)
+    # -- Leases: read delegations (delegations.py) ------------------------------------------------
+
+    _on_break = None
+
+    def caching(self, node):
+        """While we hold a read delegation on ``node``'s file: that Delegation; else None."""
+        return self.client.delegations.caching(node.fh, trio.current_time())
+
+    def on_break(self, callback):
+        """``callback(node)`` from now on, in the trio thread, where a delegation ends other than by
+        our own writing open: recalled, or maybe lost with our state at the server."""
+        self._on_break = callback
+
+    def _delegation_ended(self, node):
+        if self._on_break is not None:
+            self._on_break(node)
 
     def _new_file(self, node, flags):
         return File(node, _access(flags), b"offloadfs-open-%d" % next(self._owners))
@@ -350,7 +374,7 @@ class NFSBackend(Backend):
         node, st = self._node_stat(fh, values)
         file.node, file.stateid, file.generation = node, opened.stateid, generation
         self.client.open_files.add(file)
-        self._decline(fh, opened)
+        self.client.delegations.granted(node, opened.delegation, None)
         return node, st, file
 
     async def read(self, file, offset, size):

@@ -25,6 +25,7 @@ OP_LOOKUP, OP_OPEN, OP_PUTFH, OP_PUTROOTFH = 15, 18, 22, 24
 OP_READ, OP_READDIR, OP_READLINK, OP_REMOVE, OP_RENAME = 25, 26, 27, 28, 29
 OP_RESTOREFH, OP_SAVEFH, OP_SETATTR, OP_WRITE = 31, 32, 34, 38
 OP_BIND_CONN_TO_SESSION, OP_EXCHANGE_ID, OP_CREATE_SESSION, OP_DESTROY_SESSION = 41, 42, 43, 44
+OP_FREE_STATEID = 45
 OP_SEQUENCE, OP_DESTROY_CLIENTID, OP_RECLAIM_COMPLETE = 53, 57, 58
 OP_ALLOCATE, OP_COPY, OP_COPY_NOTIFY, OP_DEALLOCATE = 59, 60, 61, 62
 OP_OFFLOAD_CANCEL, OP_OFFLOAD_STATUS, OP_READ_PLUS, OP_SEEK, OP_CLONE = 66, 67, 68, 69, 71
@@ -283,11 +284,12 @@ class Open(Op):
     create: int | None = None  # UNCHECKED4 / GUARDED4
     values: dict = field(default_factory=dict)
     reclaim: bool = False
+    delegation: bool = False  # the server may grant one (else we want none)
     num = OP_OPEN
 
     def encode(self, p):
         p.u32(0)  # seqid: unused in 4.1
-        p.u32(self.access | SHARE_WANT_NO_DELEG)
+        p.u32(self.access | (0 if self.delegation else SHARE_WANT_NO_DELEG))
         p.u32(0)  # deny none
         p.u64(self.clientid)
         p.opaque(self.owner)
@@ -354,6 +356,12 @@ class DelegReturn(Op):
 
     def encode(self, p):
         p.fixed(self.stateid, STATEID_SIZE)
+
+
+class FreeStateid(DelegReturn):
+    """Let go of a stateid the server revoked (it stays, and SEQUENCE says so, until freed): the
+    same arguments as DELEGRETURN."""
+    num = OP_FREE_STATEID
 
 
 # -- data ---------------------------------------------------------------------------

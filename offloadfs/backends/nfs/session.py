@@ -19,6 +19,7 @@ with ETIMEDOUT.  A server that breaks every connection (garbage, resets) is
 reconnected after ever longer waits, and its trouble logged at most once a
 while: a bad server must not cost a loop of connections and log lines.
 """
+import contextlib
 import errno
 import logging
 import os
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 import trio
 
 from . import attrs, compound, errors, ops, rpc
+from .delegations import SEQ4_STATUS_REVOKED, Delegations
 from .errors import NFSError
 from .xdr import ProtocolError
 
@@ -144,6 +146,7 @@ class Client:
         self.address = None  # (ip, port) we reach the server at: how COPY_NOTIFY names it
         self.offloads = {}  # copy stateid "other" -> _Offload
         self.open_files = set()  # the backends' files with open state, reclaimed after a server restart
+        self.delegations = Delegations(self)
         self._reclaiming = False  # a new client ID has not yet reclaimed and sent RECLAIM_COMPLETE
         self._ended = {}  # stateid "other" of copies no longer waited for (insertion-ordered, capped)
         self.users = 0
@@ -324,8 +327,7 @@ class Client:
                     raise
                 log.warning("NFS server %s forgot us (restarted or lease expired): taking open files back",
                             self.settings.host)
-                self.clientid = None
-                self.generation += 1
+                self._forgotten()
         try:
             res = await self._solo(ops.ExchangeId(self._verifier, self._owner))
         except NFSError as e:
@@ -499,6 +501,9 @@ class Client:
         self.renewed = trio.current_time()
         if results[0].status_flags & (SEQ4_STATUS_CB_PATH_DOWN | SEQ4_STATUS_CB_PATH_DOWN_SESSION):
             self.spawn(self._rebind, conn)
+            self.delegations.lost("the back channel is down: recalls cannot reach us")
+        if results[0].status_flags & SEQ4_STATUS_REVOKED:
+            self.delegations.lost("the server revoked state")
         if failure is None:
             return results[1:]
         status = failure.status
@@ -550,8 +555,13 @@ class Client:
             return  # already replaced
         self.sessionid = None
         if client and self.clientid is not None:
-            self.clientid = None
-            self.generation += 1
+            self._forgotten()
+
+    def _forgotten(self):
+        """The server forgot our client ID, and with it every open and delegation."""
+        self.clientid = None
+        self.generation += 1
+        self.delegations.lost("the server forgot our client ID")
 
     async def _rebind(self, conn):
         """The server lost our back channel: bind this connection to the session again."""
@@ -571,6 +581,8 @@ class Client:
                     await self.compound([])
                 except OSError as e:
                     log.warning("NFS lease renewal on %s failed: %s", self.settings.host, e)
+                    if trio.current_time() - self.renewed > self.lease:
+                        self.delegations.lost("the lease was not renewed in time")
                     await trio.sleep(1)
 
     # -- back channel -------------------------------------------------------------------------
@@ -580,7 +592,7 @@ class Client:
             return None
         if proc == 0:
             return b""
-        return compound.callback(u, self.sessionid, BACK_SLOTS, self._offload_done, self.return_delegation)
+        return compound.callback(u, self.sessionid, BACK_SLOTS, self._offload_done, self.delegations.recalled)
 
     def offload(self, stateid):
         """The record an asynchronous copy's end lands in (CB_OFFLOAD may come before the COPY reply)."""
@@ -611,10 +623,16 @@ class Client:
 
     def return_delegation(self, stateid, fh):
         """Give a delegation back (recalled, or granted though we asked for none), in the background."""
-        self.spawn(self._delegreturn, stateid, fh)
+        self.spawn(self.delegreturn, stateid, fh)
 
-    async def _delegreturn(self, stateid, fh):
+    async def delegreturn(self, stateid, fh):
+        """DELEGRETURN; one the server revoked meanwhile is freed, so SEQUENCE stops flagging it."""
         try:
             await self.compound([ops.PutFH(fh), ops.DelegReturn(stateid)])
+        except NFSError as e:
+            log.debug("DELEGRETURN: %s", e)
+            if e.status == errors.DELEG_REVOKED:
+                with contextlib.suppress(OSError):
+                    await self.compound([ops.FreeStateid(stateid)])
         except OSError as e:
             log.debug("DELEGRETURN: %s", e)

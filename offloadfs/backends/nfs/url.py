@@ -5,6 +5,9 @@ from .session import Settings
 
 # soft/hard, timeo (tenths of a second) and retrans mean what they mean to mount.nfs(8).
 OPTIONS = frozenset({"soft", "hard", "timeo", "retrans", "rsize", "wsize", "minorversion"})
+# mount.nfs options we take in another form
+_VERSION_HINT = "nfs:// is always NFSv4: use minorversion=2 (4.2, the default) or minorversion=1 (4.1)"
+HINTS = {"vers": _VERSION_HINT, "nfsvers": _VERSION_HINT}
 MIN_IO, MAX_IO = 4096, 16 << 20
 
 

@@ -110,6 +110,7 @@ class File:
 
 class SMBBackend(Capabilities, Backend):
     OPTIONS = url.OPTIONS
+    HINTS = url.HINTS
 
     def __init__(self, source_url, options):
         self.url = source_url
@@ -124,6 +125,7 @@ class SMBBackend(Capabilities, Backend):
         self.copy_limits = CopyLimits()
         self._reopening = trio.Lock()
         self._listed = {}  # path -> (Attributes, expiry) from the last listings; see lookup()
+        self.deferred = {}  # Node -> (File, trio.CancelScope of its timer): released, kept open (see release)
         self.requests = collections.Counter()  # command name -> requests sent
         self.round_trips = 0  # requests and compounds sent, each answered before its caller goes on
 
@@ -134,7 +136,8 @@ class SMBBackend(Capabilities, Backend):
     # -- plumbing -------------------------------------------------------------------
 
     def counters(self):
-        return {"smb_requests": dict(self.requests), "smb_round_trips": self.round_trips}
+        return {"smb_requests": dict(self.requests), "smb_round_trips": self.round_trips,
+                "smb_handles_kept": len(self.deferred)}
 
     async def _send(self, msgs, generation=None):
         """Every request of the backend goes out here (Client.call), counted for status and logged with -o debug:
@@ -375,6 +378,8 @@ class SMBBackend(Capabilities, Backend):
         return node.ino, node.is_dir  # the server's file id, which a file of the other type may get next
 
     def forget(self, node):
+        if node in self.deferred:
+            trio.lowlevel.spawn_system_task(self._close_deferred, node)
         for p in node.paths:
             if self.nodes.get(p) is node:
                 self._drop(p)
@@ -435,6 +440,7 @@ class SMBBackend(Capabilities, Backend):
         if await self._borrowing(file, node, files, apply):
             return await self.getattr(node, file)
         path = _path(node)
+        await self._close_deferred_below(path)
         access = m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES | (m.WRITE_DATA if size is not None else 0)
         bodies = await self._call([m.create(path, access), *(m.set_info(*c) for c in changes), _query_all(), m.close()],
                                   path)
@@ -496,6 +502,7 @@ class SMBBackend(Capabilities, Backend):
     async def _delete(self, path, options):
         """Delete on close; open handles (ours share delete access) keep working until closed."""
         self._listed.clear()
+        await self._close_deferred_below(path)
         dispose = m.set_info(info.FILE_DISPOSITION, info.FileDispositionInformation().pack())
         try:
             await self._call([m.create(path, m.DELETE | m.READ_ATTRIBUTES, m.OPEN, options), dispose, m.close()], path)
@@ -518,6 +525,7 @@ class SMBBackend(Capabilities, Backend):
         if old == new:
             return
         replace = not flags & RENAME_NOREPLACE
+        await self._close_deferred_below(old, new)
         move = info.FileRenameInformation(replace, new).pack()
         try:
             await self._call([m.create(old, m.DELETE | m.READ_ATTRIBUTES), m.set_info(info.FILE_RENAME, move),
@@ -545,6 +553,10 @@ class SMBBackend(Capabilities, Backend):
         truncate = flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY
         if truncate:
             self._listed.clear()  # a listing's size of the file is wrong from now on
+        elif _access(flags) == m.READ:
+            file = await self._take_back(node)
+            if file is not None:
+                return file
         file, a = await self._by_name(node, lambda path: self._open(
             node, path, _access(flags), m.OVERWRITE if truncate else m.OPEN, 0 if node.is_dir else m.NON_DIRECTORY_FILE))
         if not _same(node, a):
@@ -718,8 +730,94 @@ class SMBBackend(Capabilities, Backend):
         await self._file_call(file, m.flush)
 
     async def release(self, file):
-        if file.node is not None and file in file.node.files:  # None: create() failed to open it
-            file.node.files.remove(file)
+        """Closes the handle, or with closetimeo=N (as mount.cifs's option) keeps it open N seconds:
+        the last read-only handle of a file whose lease holds read and handle caching.  An open of
+        the file for reading meanwhile takes it back (_take_back), and since the lease was never
+        given up, the kernel keeps the file's pages.  It is closed at the timeout, at a break of its
+        lease, before our own unlink, rename or setattr by name (Samba leaves a file deleted under
+        an open handle in place, delete-pending), when the filesystem forgets the node, and at
+        unmount.  Handles open for writing close at once: their close is where a write error is
+        last reported, and a durable handle's reconnect must stay exact.
+
+        Off by default: for those N seconds the file counts as held open.  A program on the server
+        rewrites it unseen (it breaks no lease: close-to-open holds only against SMB clients), and
+        another client's delete leaves its name delete-pending (Samba breaks no lease for it: our
+        handles share delete access) until the handle is closed."""
+        node = file.node
+        if node is not None and file in node.files:  # None: create() failed to open it
+            node.files.remove(file)
+            if (not node.files and node not in self.deferred and self._may_keep(file) and node.path is not None
+                    and self.target.close_after):
+                scope = trio.CancelScope()
+                self.deferred[node] = file, scope
+                trio.lowlevel.spawn_system_task(self._close_later, node, scope)
+                return
+        await self._close(file)
+
+    def _may_keep(self, file):
+        """True if ``file`` may stay open past its release, or be taken back: read-only, on the current
+        connection, under a lease that holds read and handle caching there."""
+        lease = file.lease
+        return (file.access == m.READ and file.lost is None and lease is not None
+                and file.generation == self.client.generation == lease.generation
+                and lease.state & leases.ASKED == leases.ASKED)
+
+    async def _take_back(self, node):
+        """The handle kept open for ``node``, where it may be used again, with the attributes its name
+        has now; else None (it is closed).  The name is asked, as an open would: Samba does not
+        always break the lease's handle caching before another client renames the file (on a share
+        without durable handles it does not), and the name may lead to another file now."""
+        file = self._undefer(node)
+        if file is None:
+            return None
+        try:
+            a = await self._by_name(node, self._stat_path) if self._may_keep(file) else None
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._close(file)
+            raise
+        if a is None or not _same(node, a) or not self._may_keep(file):  # a break may come meanwhile
+            await self._close(file)
+            return None
+        node.files.append(file)
+        file.attributes = a
+        return file
+
+    def _undefer(self, node):
+        """The handle kept open for ``node`` (its timer stopped), or None."""
+        file, scope = self.deferred.pop(node, (None, None))
+        if scope is not None:
+            scope.cancel()
+        return file
+
+    async def _close_later(self, node, scope):
+        with scope:
+            await trio.sleep(self.target.close_after)
+        if not scope.cancelled_caught:
+            await self._close_deferred(node)
+
+    async def _close_deferred(self, node):
+        """Close the handle kept open for ``node``, if any.  Also run as a system task: nothing may escape
+        (a connection lost meanwhile, or the mount ended, took the handle with it)."""
+        file = self._undefer(node)
+        if file is not None:
+            try:
+                await self._close(file)
+            except Exception as e:
+                log.debug("closing a handle kept open: %s", e)
+
+    def _deferred_broken(self, node):
+        """A break of ``node``'s lease (see leases.Lease.broken): a handle kept open closes now."""
+        if node in self.deferred:
+            trio.lowlevel.spawn_system_task(self._close_deferred, node)
+
+    async def _close_deferred_below(self, *paths):
+        """Close the handles kept open for ``paths`` and what is below them, before our own change by name."""
+        if self.deferred:
+            for node in [self.nodes[p] for path in paths for p in self._known(path)]:
+                await self._close_deferred(node)
+
+    async def _close(self, file):
         if file.lease is not None:
             self.client.leases.closed(file.lease, file.generation)
         if file.generation != self.client.generation:
@@ -843,6 +941,8 @@ class SMBBackend(Capabilities, Backend):
         await self._set_ea(node, ea, b"")
 
     async def close(self):
+        for node in list(self.deferred):
+            await self._close_deferred(node)
         if self.client is not None:
             await self.client.release()
             self.client = None

@@ -185,6 +185,8 @@ class Listener:
             trio.lowlevel.spawn_system_task(self._acknowledge, lease, brk.new)
         try:
             lease.broken(brk)
+            if lease.node is not None:
+                lease.backend._deferred_broken(lease.node)  # a handle kept open past its release closes
         except Exception:
             log.exception("%s: a lease break's callback failed", self.client.where)
 

@@ -15,7 +15,11 @@ from smbprotocol.connection import Dialects
 
 from .. import SourceError
 
-OPTIONS = frozenset({"credentials", "username", "domain", "file_mode", "dir_mode", "seal", "vers", "port"})
+OPTIONS = frozenset({"credentials", "username", "domain", "file_mode", "dir_mode", "seal", "vers", "port",
+                     "closetimeo"})
+# mount.cifs options we take in another form
+_PASSWORD_HINT = "the password goes in a credentials=FILE (a password= line, mode 0600) or in $PASSWD"
+HINTS = {"user": "use username=NAME", "password": _PASSWORD_HINT, "pass": _PASSWORD_HINT}
 
 DIALECTS = {
     "2.1": Dialects.SMB_2_1_0,
@@ -45,6 +49,7 @@ class Target:
     seal: bool
     file_mode: int
     dir_mode: int
+    close_after: int  # closetimeo=: seconds a released read-only handle under a lease stays open (SMBBackend.release)
 
     @property
     def unc(self):
@@ -57,9 +62,8 @@ def parse(url, options, environ=os.environ):
     if parts.scheme.lower() != "smb":
         raise ValueError("not an smb:// URL")
     if parts.password is not None:
-        # open_backend would quote the URL back, password and all.
-        raise SourceError("smb:// URL with a password: remove it and use -o credentials=FILE "
-                          "or the PASSWD environment variable")
+        raise ValueError("a password in the URL shows in ps and /proc/mounts: remove it and use "
+                         "-o credentials=FILE or the PASSWD environment variable")
     host = parts.hostname
     if not host:
         raise ValueError("no server in the URL (smb://[user@]host[:port]/share[/path])")
@@ -97,23 +101,30 @@ def parse(url, options, environ=os.environ):
         raise ValueError("seal takes no value")
     if seal and DIALECTS[vers] is not None and DIALECTS[vers] < Dialects.SMB_3_0_0:
         raise ValueError(f"seal needs SMB 3 (vers={vers} has no encryption)")
+    close_after = _number(options, "closetimeo", 10)
+    if close_after is not None and close_after < 0:
+        raise ValueError(f"closetimeo={close_after}: seconds, 0 or more")
     return Target(host=host, port=port, share=names[0], path="\\".join(names[1:]), username=user,
                   domain=domain or "", password=password, dialect=DIALECTS[vers], seal=seal,
-                  file_mode=_mode(options, "file_mode", 0o755), dir_mode=_mode(options, "dir_mode", 0o755))
+                  file_mode=_mode(options, "file_mode", 0o755), dir_mode=_mode(options, "dir_mode", 0o755),
+                  close_after=close_after or 0)
 
 
 def read_credentials(path):
-    """username=/password=/domain= lines (or user=, pass=, dom=) of a file only its owner may read."""
+    """username=/password=/domain= lines (or user=, pass=, dom=) of a file only its owner may read.
+
+    What is wrong with the file is a SourceError: a mount that fails (exit 32), as with a missing source.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
-        raise ValueError(f"credentials file {path}: {e.strerror}") from None
+        raise SourceError(f"credentials file {path}: {e.strerror}") from None
     with open(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"credentials file {path}: not a regular file")
+            raise SourceError(f"credentials file {path}: not a regular file")
         if st.st_mode & 0o077:
-            raise ValueError(f"credentials file {path}: readable by group or others "
+            raise SourceError(f"credentials file {path}: readable by group or others "
                              f"(mode {stat.S_IMODE(st.st_mode):04o}); run chmod 600 {path}")
         text = f.read().decode("utf-8", "replace")
     creds = {}
@@ -126,7 +137,7 @@ def read_credentials(path):
         key = next((full for prefix, full in CREDENTIAL_KEYS.items() if key.startswith(prefix)), None)
         if not eq or key is None:
             # Never quote the line: it may hold the password.
-            raise ValueError(f"credentials file {path}, line {number}: expected username=, password= or domain=")
+            raise SourceError(f"credentials file {path}, line {number}: expected username=, password= or domain=")
         creds[key] = value if key == "password" else value.strip()
     return creds
 
