@@ -38,7 +38,7 @@ MODES = (0o600, 0o640, 0o644, 0o664, 0o700, 0o755)
 # longest run for a new seed every time, at 40 % of the suite's time.
 STEPS = {"local": 800, "smb": 400, "nfs": 400, "nfsd": 100}
 # A name another client made may show up to attr_timeout (1 s by default) late: a client that
-# listed the directory or looked the name up just before remembers it absent (README, Consistency),
+# listed the directory or looked the name up just before remembers it absent (docs/consistency.md, Directories),
 # as the Linux NFS client does.  Everything else must hold at the first open.
 NEW_NAME_DELAY = 1.5
 

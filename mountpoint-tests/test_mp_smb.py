@@ -61,7 +61,7 @@ def test_cp_in_a_share_is_done_by_the_server(kind, method, smb, mount_on):
             assert flags and all("shared" in f for f in flags), (name, flags)
 
 
-# What a cp of 1 KiB inside a share may cost, per command and in round trips (README, "Benchmarks"):
+# What a cp of 1 KiB inside a share may cost, per command and in round trips (docs/performance.md, "A small cp on SMB"):
 # LOOKUP dst (absent), LOOKUP src, OPEN src, CREATE dst, COPY_FILE_RANGE, RELEASE of both.
 SMALL_CP_REQUESTS = {"CREATE": 4, "QUERY_INFO": 4, "CLOSE": 4, "IOCTL": 2}
 SMALL_CP_ROUND_TRIPS = 7
