@@ -31,10 +31,15 @@ def reads(mnt):
 
 
 def read_until_delegated(mnt, data):
-    """Read the file through the mount twice: nfsd grants no read delegation while another client
-    holds the file open for writing, and the view's CLOSE may still be on its way at our first open."""
-    for _ in range(2):
+    """Read the file through the mount until a delegation is held on it: nfsd grants none while
+    another client holds the file open for writing, and the view's CLOSE may still be on its way."""
+    deadline = time.monotonic() + RECALL_BOUND
+    while True:
         assert_same((mnt.path / "f").read_bytes(), data)
+        if mnt.counters()["nfs_delegations"] == 1:
+            return
+        assert time.monotonic() < deadline, f"no delegation granted in {RECALL_BOUND} s"
+        time.sleep(0.1)
 
 
 def test_a_file_read_before_is_read_again_from_the_kernels_cache(nfsd_mount):

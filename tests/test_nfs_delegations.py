@@ -5,6 +5,8 @@ The client is a stand-in: these are the bookkeeping rules the mount tests cannot
 
 from types import SimpleNamespace
 
+import trio
+
 from offloadfs.backends.nfs import delegations
 from offloadfs.backends.nfs.backend import Node
 from offloadfs.backends.nfs.delegations import Delegations
@@ -21,6 +23,9 @@ class FakeClient:
         self.returned = []
 
     def return_delegation(self, stateid, fh):
+        self.returned.append((stateid, fh))
+
+    async def delegreturn(self, stateid, fh):
         self.returned.append((stateid, fh))
 
 
@@ -78,3 +83,12 @@ def test_a_forgotten_client_id_or_an_unrenewed_lease_promises_nothing():
     assert d.caching(node.fh, 100.0 + 91) is None  # the server may have revoked it and let another write
     client.generation += 1
     assert d.caching(node.fh, 101.0) is None
+
+
+def test_unmount_gives_every_one_back():
+    """Else the server would recall them from a client that is gone, holding back other clients'
+    changes to those files until the recall times out."""
+    client, d, nodes, ended = held(3)
+    trio.run(d.return_all)
+    assert sorted(client.returned) == [(sid(i), n.fh) for i, n in enumerate(nodes)]
+    assert not d.held and ended == []

@@ -114,7 +114,8 @@ class NFSBackend(Backend):
         self.requests = collections.Counter()  # operation name -> sent in a compound
 
     def counters(self):
-        return {"nfs_requests": dict(self.requests)}
+        return {"nfs_requests": dict(self.requests),
+                "nfs_delegations": len(self.client.delegations.held) if self.client is not None else 0}
 
     def shares_server_with(self, other):
         # Stateids and filehandles are only good within one client's state on one server.

@@ -22,6 +22,8 @@ brings it later is not taken.
 import collections
 import logging
 
+import trio
+
 log = logging.getLogger(__name__)
 
 HELD_MAX = 1024  # delegations kept at once; the oldest is given back first
@@ -92,6 +94,15 @@ class Delegations:
             if len(self._recalled) > RECALLED_KEPT:
                 self._recalled.popitem(last=False)
         self.client.return_delegation(stateid, fh)
+
+    async def return_all(self):
+        """At unmount: give every delegation back.  A server recalls a delegation from a client that
+        is gone only when the recall times out, and meanwhile holds back the other client's change
+        (Linux nfsd: some 11 s for each removal of such a file)."""
+        held, self.held = self.held, collections.OrderedDict()
+        async with trio.open_nursery() as nursery:
+            for d in held.values():
+                nursery.start_soon(self.client.delegreturn, d.stateid, d.node.fh)
 
     def lost(self, why):
         """Every delegation may be gone without a recall: the files may have changed."""

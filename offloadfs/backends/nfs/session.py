@@ -229,6 +229,7 @@ class Client:
             with trio.move_on_after(5):
                 if self.conn is not None and not self.conn.closed and self.sessionid is not None:
                     try:
+                        await self.delegations.return_all()
                         await self._solo(ops.DestroySession(self.sessionid))
                         await self._solo(ops.DestroyClientId(self.clientid))
                     except (OSError, rpc.ConnectionLost, rpc.RPCError, ProtocolError) as e:
