@@ -6,7 +6,8 @@ Not a test: it prints a table and asserts nothing. Run as root:
 rsync -a of one big file (--size, default 1 GiB), shutil.copyfile of it, and `tar c | tar x` of a tree of
 16 files as big in all, inside one share: a btrfs and an xfs share of the lab's smbd (`--places smb`, the
 default) and the lab's nfsd guest (`nfsd`: qemu TCG, slow), each through three mounts: default (copies recognised and done on the
-server), -o detect_copies=off (every byte goes up) and -o offload=off. Once on a symmetric 1 Gbit link and
+server), -o trust_leases (recognised copies under a lease not read back), -o detect_copies=off (every byte
+goes up) and -o offload=off (--modes picks some). Once on a symmetric 1 Gbit link and
 once on net.ASYMMETRIC (1 Gbit down, 50 Mbit up: a laptop at home), where the upload is the bottleneck:
 at 1 GiB the runs without recognition take about 3 min each there, some 40 min in all. Every run gets a
 fresh mount and a new destination, checked against its source and removed on the server side afterwards.
@@ -33,7 +34,8 @@ from offloadfs.lab.smbdemo import RATE, amount, share_mount
 
 KINDS = ("btrfs", "xfs")
 LINKS = {"symmetric": ("1 Gbit both ways", RATE), "asymmetric": ("1 Gbit down, 50 Mbit up", ASYMMETRIC)}
-MODES = {"default": [], "detect_copies=off": ["detect_copies=off"], "offload=off": ["offload=off"]}
+MODES = {"default": [], "trust_leases": ["trust_leases"], "detect_copies=off": ["detect_copies=off"],
+         "offload=off": ["offload=off"]}
 TREE_FILES = 16
 NO_CACHE = ["attr_timeout=0", "entry_timeout=0"]
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -111,14 +113,15 @@ def run(mount, link, store, tool, serial, wanted):
             counters.get("recognised_verified", 0), right)
 
 
-def measure(place, mount_of, link, store):
+def measure(place, mount_of, link, store, modes):
     """Rows (place, tool, mode, seconds, up, down, recognised, read back, right) of every tool through
-    every mode."""
+    each of ``modes``."""
     rows, serial = [], 0
-    with report.progress(place, total=len(TOOLS) * len(MODES)) as steps:
+    with report.progress(place, total=len(TOOLS) * len(modes)) as steps:
         for tool, (_, source) in TOOLS.items():
             wanted = digests(store / source)  # once, not for each run: on the nfsd guest each read back is slow
-            for mode, options in MODES.items():
+            for mode in modes:
+                options = MODES[mode]
                 serial += 1
                 result = run(lambda: mount_of(options), link, store, tool, serial, wanted)
                 rows.append((place, tool, mode, *result))
@@ -127,7 +130,7 @@ def measure(place, mount_of, link, store):
     return rows
 
 
-def samba_rows(link_rate, size):
+def samba_rows(link_rate, size, modes):
     with samba_lab(KINDS, rate=link_rate) as lab:
         server = lab.server
         rows = []
@@ -136,18 +139,18 @@ def samba_rows(link_rate, size):
             make_sources(store, size)
             warm_up(lambda options, kind=kind: share_mount(server, kind, options), store)
             rows += measure(f"smb-{kind}", lambda options, kind=kind: share_mount(server, kind, options),
-                            server.net, store)
+                            server.net, store, modes)
         return rows
 
 
-def nfsd_rows(link_rate, size):
+def nfsd_rows(link_rate, size, modes):
     with nfsd_lab(rate=link_rate) as lab, contextlib.ExitStack() as stack:
         url = f"nfs://{lab.guest.host}{lab.guest.export}"
         # Written and checked through a mount without caches: the guest's disk is not ours to look into.
         view = stack.enter_context(offloadfs_mount(url, options=NO_CACHE))
         make_sources(view, size)
         warm_up(lambda options: offloadfs_mount(url, options=options), view)
-        return measure("nfsd", lambda options: offloadfs_mount(url, options=options), lab.net, view)
+        return measure("nfsd", lambda options: offloadfs_mount(url, options=options), lab.net, view, modes)
 
 
 def table(rows):
@@ -172,6 +175,8 @@ def main():
                         help="smb (the lab's btrfs and xfs shares), nfsd (its guest: slow) or both (smb,nfsd)")
     parser.add_argument("--links", type=lambda text: text.split(","), default=list(LINKS),
                         help="symmetric, asymmetric or both (the default: symmetric,asymmetric)")
+    parser.add_argument("--modes", type=lambda text: text.split(","), default=list(MODES),
+                        help=f"the mounts compared, default first (default: {','.join(MODES)})")
     report.add_out_argument(parser)
     args = parser.parse_args()
     rows_of = {"smb": samba_rows, "nfsd": nfsd_rows}
@@ -179,10 +184,12 @@ def main():
         parser.error(f"--places: a comma-separated list of {', '.join(rows_of)}")
     if not args.links or not set(args.links) <= LINKS.keys():
         parser.error(f"--links: a comma-separated list of {', '.join(LINKS)}")
+    if not args.modes or args.modes[0] != "default" or not set(args.modes) <= MODES.keys():
+        parser.error(f"--modes: default, then any of {', '.join(list(MODES)[1:])}")
     results = {}
     with report.progress("links", total=len(args.links)) as steps:
         for name, rate in (LINKS[link] for link in args.links):
-            results[name] = [row for place in args.places for row in rows_of[place](rate, args.size)]
+            results[name] = [row for place in args.places for row in rows_of[place](rate, args.size, args.modes)]
             steps.done(name)
     for name, rows in results.items():
         print(f"\nread()+write() copies of {label(args.size)} through offloadfs, {name}; one run each")

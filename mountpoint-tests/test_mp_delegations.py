@@ -30,12 +30,12 @@ def reads(mnt):
     return sent.get("READ", 0) + sent.get("READPLUS", 0)
 
 
-def read_until_delegated(mnt, data):
+def read_until_delegated(mnt, data, name="f"):
     """Read the file through the mount until a delegation is held on it: nfsd grants none while
     another client holds the file open for writing, and the view's CLOSE may still be on its way."""
     deadline = time.monotonic() + RECALL_BOUND
     while True:
-        assert_same((mnt.path / "f").read_bytes(), data)
+        assert_same((mnt.path / name).read_bytes(), data)
         if mnt.counters()["nfs_delegations"] == 1:
             return
         assert time.monotonic() < deadline, f"no delegation granted in {RECALL_BOUND} s"

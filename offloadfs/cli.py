@@ -272,6 +272,7 @@ MOUNT_OPTIONS = [
     ("uid=N, gid=N, umask=OCT", "owner, group and mode bits shown for every file"),
     ("offload=on|off|always", "off: no clones or server-side copies; always: no cost model"),
     ("detect_copies=on|off", "off: data copied by read and write is written as it comes"),
+    ("trust_leases", "no read-back of copies a lease proves (blind to programs on the server)"),
     ("passthrough", "reads and writes go straight to local backing files (root only)"),
     ("writeback_cache", "the kernel caches writes and sends them in bulk"),
     ("attr_timeout=S, entry_timeout=S", "how long the kernel may cache attributes, names"),

@@ -56,6 +56,9 @@ class Options:
     offload: bool = True
     detect_copies: bool = True
     always_offload: bool = False  # offload=always: wherever possible, whatever the cost model says
+    # A recognised copy whose source's lease or delegation held from its read to the commit is not read
+    # back: the lease is blind to a program on the server itself (Samba's kernel oplocks = no).
+    trust_leases: bool = False
 
 
 @dataclass(slots=True)
@@ -170,7 +173,7 @@ class Filesystem(Operations):
         self.copies_from, self.copies_to = set(), set()
         if options.offload and options.detect_copies:
             self.recogniser = Recogniser(stats, self.planner, self._write_out, self.behind.settle, self.by_key.get,
-                                         self._endpoint)
+                                         self._endpoint, trust_leases=options.trust_leases)
 
     async def start(self):
         """Open every source's root; runs before the mount so that bad sources fail the mount."""

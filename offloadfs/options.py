@@ -144,6 +144,8 @@ def parse(mountpoint, source, option_strings):
             fs.offload, fs.always_offload = value != "off", value == "always"
         elif name == "detect_copies" and value in ("on", "off"):
             fs.detect_copies = value == "on"
+        elif name == "trust_leases" and not eq:
+            fs.trust_leases = True
         elif name == "source" and eq:
             src_name, _, url = value.partition("=")
             _add_source(config, src_name, url)

@@ -16,7 +16,9 @@ so nothing written is lost.  Those attributes prove it only where they move with
 every change (``exact_version``: a change attribute that counts, a fine-grained
 ctime); from any other source (SMB) the copy is read back and compared with the
 held bytes, and data found there is held only where that costs less than
-writing it (``_worth_holding``).
+writing it (``_worth_holding``).  A mount with ``trust_leases`` takes a lease or
+delegation held without a gap from the data's read to the commit as proof too:
+it sees every other client's write, never a program on the server itself.
 
 The cuts are content-defined (FastCDC): where a chunk ends depends on the bytes
 around it, not on its offset, so the same data cuts the same in the file read
@@ -393,6 +395,7 @@ class Run:
     source: tuple
     src: int
     version: tuple
+    lease: object = None  # the lease its data was read under, where trusted (Recogniser.read); else None
     held: list = field(default_factory=list)  # memoryviews, in order
     length: int = 0
 
@@ -427,7 +430,7 @@ class Recogniser:
     returns: writebehind.py), ``drain(inode)`` waits for what was sent to ``inode``, ``source_of(key)``
     is the live inode of an inode key (or None), ``endpoint(inode, file)`` the planner's Endpoint."""
 
-    def __init__(self, stats, planner, send, drain, source_of, endpoint, held_max=HELD_MAX):
+    def __init__(self, stats, planner, send, drain, source_of, endpoint, held_max=HELD_MAX, trust_leases=False):
         self.stats = stats
         self.planner = planner
         self.send = send
@@ -446,6 +449,10 @@ class Recogniser:
         self.decided = {}  # id(backend) -> (whether reading back pays, until when): _reading_back_pays
         self.read_before = {}  # id(backend) -> what reading 8 MiB took before writing was measured
         self.holding = {}  # id(Pending) -> Pending with runs, oldest first: what backpressure commits
+        self.trust_leases = trust_leases
+        # source key -> (its inode, our own open file of it), held while data held comes from it (_pin);
+        # None while that open is on its way.
+        self.pins = {}
 
     # -- reads --------------------------------------------------------------------------
 
@@ -457,6 +464,7 @@ class Recogniser:
         inode, file = h.inode, h.file
         backend = inode.source.backend
         ver = version(st, inode)
+        lease = self._lease(inode)
         started = trio.current_time()
         data = await backend.read(file, offset, size)
         known = self.checked.get(inode.key)
@@ -476,8 +484,25 @@ class Recogniser:
                 # The bytes read may be older than ``now``: read them again, after it was seen.
                 data = await backend.read(file, offset, size)
                 ver, st = now, after
+        if self.trust_leases:
+            # Served data is labelled with the lease it was read under too (None: no lease held from
+            # before the read to after it): data read under another, or none, is another version.
+            ver = (ver, lease if lease == self._lease(inode) else None)
         self.served.add(h.caller.uid, inode.key, ver, offset, data, len(data) < size or offset + len(data) >= st.size)
         return data
+
+    def _lease(self, inode):
+        """``inode``'s lease or delegation while held, where the mount trusts them (trust_leases): the
+        same value for as long as it holds without a gap (Leases.caching); else None."""
+        if not self.trust_leases or not inode.source.leases:
+            return None
+        return inode.source.backend.caching(inode.node)
+
+    def _proven(self, src, run):
+        """Whether ``src``, the source of ``run``, is known to hold what was read from it: its
+        attributes move with every change, or (trust_leases) the lease it was read under still holds,
+        without a gap since."""
+        return src.source.backend.exact_version or (run.lease is not None and self._lease(src) == run.lease)
 
     # -- writes -------------------------------------------------------------------------
 
@@ -500,6 +525,7 @@ class Recogniser:
             async with oldest.lock:
                 with acting_for(oldest.handle):
                     await self._commit_runs(oldest, aligned=True)
+            await self._unpin()
 
     def write_now(self, h, offset, data):
         """Take a write through ``h`` that only grows the window (no chunk of it is decided): True;
@@ -568,6 +594,8 @@ class Recogniser:
                         await self.send(p.handle, pos + plain, view[plain:begin])
                         plain = None
                     self._hold(p, pos + begin, chunk, served)
+                    if self.trust_leases:
+                        await self._pin(p.runs[-1])
                 begin = end
             if plain is not None:
                 await self.send(p.handle, pos + plain, view[plain:begin])
@@ -594,7 +622,7 @@ class Recogniser:
         written or read back, rsync of 256 MiB took twice as long on the lab's 1 Gbit link).
         Unmeasured, it is held (and _measure_writing measures)."""
         src = self.source_of(served.source)
-        if src is None or src.source.backend.exact_version:
+        if src is None or src.source.backend.exact_version or self._labelled(served)[1] is not None:
             return True
         return self._reading_back_pays(p.handle.inode.source.backend) is not False
 
@@ -621,7 +649,7 @@ class Recogniser:
         if not p.runs or self._reading_back_pays(p.handle.inode.source.backend) is not None:
             return
         unproven = [r for r in p.runs if (src := self.source_of(r.source)) is not None
-                    and not src.source.backend.exact_version]
+                    and not self._proven(src, r)]
         if sum(r.length for r in unproven) < WRITE_SAMPLE:
             return
         # What reading takes, before the sample goes up: on a slow uplink the sample's bytes delay
@@ -636,11 +664,17 @@ class Recogniser:
         if not p.runs:
             self.holding.pop(id(p), None)
 
+    def _labelled(self, served):
+        """(version, lease) a served chunk was read as (Recogniser.read)."""
+        return served.version if self.trust_leases else (served.version, None)
+
     def _hold(self, p, dst, data, served):
+        ver, lease = self._labelled(served)
         last = p.runs[-1] if p.runs else None
-        if not (last is not None and last.source == served.source and last.version == served.version
-                and last.dst + last.length == dst and last.src + last.length == served.offset):
-            last = Run(dst, served.source, served.offset, served.version)
+        if not (last is not None and last.source == served.source and last.version == ver
+                and last.lease == lease and last.dst + last.length == dst
+                and last.src + last.length == served.offset):
+            last = Run(dst, served.source, served.offset, ver, lease)
             p.runs.append(last)
         last.held.append(data)
         last.length += len(data)
@@ -662,7 +696,35 @@ class Recogniser:
                 return False
             with acting_for(p.handle):
                 await self._commit(p)
+        await self._unpin()
         return True
+
+    async def _pin(self, run):
+        """Open the source of ``run`` ourselves, and keep it open until nothing held comes from it:
+        a lease lasts while the file is open, and rsync's sender and tar c close their source
+        before the copy's close commits it (the commit would then find the lease gone, and read
+        back).  Opened under the lease the data was read under, so it goes on without a gap."""
+        if run.lease is None or run.source in self.pins:
+            return
+        src = self.source_of(run.source)
+        if src is None or self._lease(src) != run.lease:
+            return  # the lease is gone already: the commit reads back
+        self.pins[run.source] = None
+        try:
+            file = await src.source.backend.open(src.node, os.O_RDONLY)
+        except OSError as e:
+            del self.pins[run.source]
+            log.debug("a copy's source cannot be kept open, its lease may end before the commit: %s", e)
+            return
+        self.pins[run.source] = (src, file)
+
+    async def _unpin(self):
+        """Close the sources kept open (_pin) that nothing held comes from any more."""
+        held_from = {r.source for p in self.holding.values() for r in p.runs}
+        for key in [k for k, pin in self.pins.items() if pin is not None and k not in held_from]:
+            src, file = self.pins.pop(key)
+            with trio.CancelScope(shield=True):
+                await src.source.backend.release(file)
 
     async def _commit(self, p):
         if p.window:
@@ -693,7 +755,7 @@ class Recogniser:
         if keep >= last.length:
             return p.runs.pop()
         cut = last.length - keep
-        rest = Run(last.dst + cut, last.source, last.src + cut, last.version, length=keep)
+        rest = Run(last.dst + cut, last.source, last.src + cut, last.version, last.lease, length=keep)
         pos = 0
         for i, piece in enumerate(last.held):
             if pos + len(piece) > cut:
@@ -722,12 +784,11 @@ class Recogniser:
         expected to cost as much as writing (_reading_back_pays: a symmetric link measured since
         the bytes were held), they are written."""
         src = self.source_of(run.source)
-        exact = src is not None and src.source.backend.exact_version
-        if src is not None and not exact and self._reading_back_pays(h.inode.source.backend) is False:
+        if src is not None and not self._proven(src, run) and self._reading_back_pays(h.inode.source.backend) is False:
             await self._write_run(h, run, 0, run.length, unchecked=True)
             return
         done = await self._offload(h, run) if src is not None else 0
-        if done and not exact:
+        if done and not self._proven(src, run):  # asked after the copy: a lease held since covers it
             await self._verify(h, run, 0, done)
         if done < run.length:
             await self._write_run(h, run, done, run.length)
