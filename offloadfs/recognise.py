@@ -448,6 +448,10 @@ class Recogniser:
         self.held = 0
         self.decided = {}  # id(backend) -> (whether reading back pays, until when): _reading_back_pays
         self.read_before = {}  # id(backend) -> what reading 8 MiB took before writing was measured
+        # id(backend) whose sample (_measure_writing) went out and is not measured yet: the writes
+        # behind it answer before they land, and each write until then took another (3.4 MiB of a
+        # 256 MiB copy went up, not 1).
+        self.sampled = set()
         self.holding = {}  # id(Pending) -> Pending with runs, oldest first: what backpressure commits
         self.trust_leases = trust_leases
         # source key -> (its inode, our own open file of it), held while data held comes from it (_pin);
@@ -639,6 +643,7 @@ class Recogniser:
         if pays is not None:
             self.decided[id(backend)] = (pays, now + DECIDED_FOR)
             self.read_before.pop(id(backend), None)
+            self.sampled.discard(id(backend))
         return pays
 
     async def _measure_writing(self, p):
@@ -646,7 +651,8 @@ class Recogniser:
         that prove nothing is written at once, as one piece: its time tells the rate that decides
         for the rest (_worth_holding).  The chunks found, written as they came, were no measure:
         each waited for the program's next write, and the pace they gave was the program's."""
-        if not p.runs or self._reading_back_pays(p.handle.inode.source.backend) is not None:
+        backend = p.handle.inode.source.backend
+        if not p.runs or id(backend) in self.sampled or self._reading_back_pays(backend) is not None:
             return
         unproven = [r for r in p.runs if (src := self.source_of(r.source)) is not None
                     and not self._proven(src, r)]
@@ -655,8 +661,8 @@ class Recogniser:
         # What reading takes, before the sample goes up: on a slow uplink the sample's bytes delay
         # the acknowledgements of what comes down, and reads measured meanwhile (0.36 s for 8 MiB
         # against 0.10 on the lab's 50 Mbit uplink) would take it for a symmetric link.
-        backend = p.handle.inode.source.backend
         self.read_before[id(backend)] = self.planner.costs.predict(id(backend), "read", VERIFY_PIECE)
+        self.sampled.add(id(backend))
         for run in unproven:
             await self._write_run(p.handle, run, 0, run.length, unchecked=True)
             p.runs.remove(run)
