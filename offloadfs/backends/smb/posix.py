@@ -1,0 +1,158 @@
+"""SMB 3.1.1 POSIX extensions: the negotiate context, the create context and the POSIX information class.
+
+A server that has them (Samba 4.22 with `smb3 unix extensions = yes`)
+answers our SMB2_POSIX_EXTENSIONS_AVAILABLE negotiate context with its own.
+Each open that carries the POSIX create context (with the mode of what it
+creates) then has POSIX semantics: case-sensitive names, and
+SMB2_FILE_POSIX_INFORMATION (in QUERY_INFO and QUERY_DIRECTORY) with the
+file's mode, link count and owner and group as SIDs; Samba reports unix
+ids as S-1-22-1-uid and S-1-22-2-gid.  Layouts: Samba's
+librpc/idl/smb3posix.idl, the Linux cifs client's struct smb311_posix_qinfo.
+
+smbprotocol knows no such negotiate context (its parser refuses the type),
+so ours is spliced into the request it packed, and the server's cut out of
+the reply before smbprotocol parses it.
+"""
+import stat
+import struct
+
+from .info import Attributes, from_filetime
+from .wire import HEADER_SIZE, WireError, _unpack
+
+NEGOTIATE_CONTEXT = 0x100  # SMB2_POSIX_EXTENSIONS_AVAILABLE
+TAG = bytes.fromhex("93AD25509CB411E7B42383DE968BCD7C")  # its data, and the create context's name
+FILE_POSIX_INFORMATION = 100  # QUERY_INFO and QUERY_DIRECTORY class
+
+_CONTEXT = struct.Struct("<HHI")  # 2.2.3.1: type, data length, reserved
+_REQUEST_COUNT = struct.Struct("<H")  # 2.2.3: NegotiateContextCount, at this offset in the request body
+_REQUEST_COUNT_AT = 32
+_REPLY = struct.Struct("<HHHH16sIIIIqqHHI")  # 2.2.4 up to NegotiateContextOffset
+
+# The mode's file type travels as a number in bits 12-15 (Samba's unix_mode_to_wire), not as S_IFMT bits.
+TYPE_SHIFT = 12
+TYPES = (stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK, stat.S_IFCHR, stat.S_IFBLK, stat.S_IFIFO, stat.S_IFSOCK)
+UNIX_USERS = (1, 5, (22, 1))  # S-1-22-1-uid: revision, identifier authority, first sub-authority
+UNIX_GROUPS = (1, 5, (22, 2))
+
+
+def with_negotiate_context(body):
+    """A packed SMB 3.1.1 NEGOTIATE request ``body`` with the POSIX negotiate context added at its end."""
+    (count,) = _unpack(_REQUEST_COUNT, body, _REQUEST_COUNT_AT, "NEGOTIATE request")
+    body = bytearray(body)
+    body += bytes(-(HEADER_SIZE + len(body)) % 8)  # each context starts on 8 bytes
+    body += _CONTEXT.pack(NEGOTIATE_CONTEXT, len(TAG), 0) + TAG
+    _REQUEST_COUNT.pack_into(body, _REQUEST_COUNT_AT, count + 1)
+    return bytes(body)
+
+
+def split_negotiate_reply(body):
+    """(whether the server offers POSIX extensions, ``body`` without its POSIX negotiate context).
+
+    ``body``: a NEGOTIATE response after its header.  Contexts follow the
+    security buffer to the end, each starting on 8 bytes; cutting one out
+    keeps every other where its alignment wants it.
+    """
+    fields = _unpack(_REPLY, body, what="NEGOTIATE")
+    count, offset = fields[3], fields[-1]
+    if count == 0:
+        return False, body
+    start = offset - HEADER_SIZE
+    if start < _REPLY.size or start > len(body):
+        raise WireError(f"NEGOTIATE: contexts at {offset} outside a {len(body)}-byte reply")
+    body = bytearray(body)
+    at, offered = start, False
+    for _ in range(count):
+        kind, length, _ = _unpack(_CONTEXT, body, at, "negotiate context")
+        end = at + _CONTEXT.size + length
+        if end > len(body):
+            raise WireError(f"negotiate context at {at}+{length} outside a {len(body)}-byte reply")
+        step = min(end + (-end % 8), len(body))
+        if kind == NEGOTIATE_CONTEXT:
+            offered = offered or bytes(body[at + _CONTEXT.size:end]) == TAG
+            del body[at:step]
+            count -= 1
+            struct.pack_into("<H", body, 6, count)
+        else:
+            at = step
+    return offered, bytes(body)
+
+
+def create_context(mode=0):
+    """The POSIX create context: POSIX semantics for this open; ``mode``: the permissions of what it creates."""
+    return TAG, struct.pack("<I", mode & 0o7777)
+
+
+def mode_from_wire(wire):
+    kind = (wire >> TYPE_SHIFT) & 0xF
+    if kind >= len(TYPES):
+        raise WireError(f"POSIX information: unknown file type {kind}")
+    return TYPES[kind] | (wire & 0o7777)
+
+
+def _sid(data, offset, what):
+    """(revision, authority, sub-authorities) of the SID at ``offset`` and the offset after it."""
+    revision, n = _unpack(_SID_HEAD, data, offset, what)
+    if n > 15:
+        raise WireError(f"{what}: a SID of {n} sub-authorities")
+    authority = int.from_bytes(bytes(data[offset + 2:offset + 8]), "big")
+    subs = struct.Struct(f"<{n}I")
+    return (revision, authority, _unpack(subs, data, offset + 8, what)), offset + 8 + subs.size
+
+
+_SID_HEAD = struct.Struct("<BB6x")
+
+
+def unix_id(sid, unix):
+    """The uid (or gid) that ``sid`` names where it is one of ``unix`` (UNIX_USERS, UNIX_GROUPS), else None."""
+    revision, authority, subs = sid
+    prefix = unix[2]
+    if (revision, authority) == unix[:2] and len(subs) == len(prefix) + 1 and subs[:len(prefix)] == prefix:
+        return subs[-1]
+    return None
+
+
+class FilePosixInformation:
+    """SMB2_FILE_POSIX_INFORMATION: times, sizes, attributes, inode, device, then link count, reparse tag,
+    mode and the owner and group SIDs (what the POSIX create context's reply carries too)."""
+    FORMAT = struct.Struct("<qqqqqqIqII")
+    CC = struct.Struct("<III")  # link count, reparse tag, mode
+
+    @classmethod
+    def unpack(cls, data, offset=0, what="FilePosixInformation"):
+        """(Attributes, the offset after it)."""
+        btime, atime, mtime, ctime, alloc, eof, attrs, inode, _, _ = _unpack(cls.FORMAT, data, offset, what)
+        offset += cls.FORMAT.size
+        nlink, tag, wire = _unpack(cls.CC, data, offset, what)
+        owner, offset = _sid(data, offset + cls.CC.size, what)
+        group, offset = _sid(data, offset, what)
+        a = Attributes(inode, attrs, eof, alloc, nlink, from_filetime(atime), from_filetime(mtime),
+                       from_filetime(ctime), from_filetime(btime), mode=mode_from_wire(wire), reparse_tag=tag,
+                       uid=unix_id(owner, UNIX_USERS), gid=unix_id(group, UNIX_GROUPS))
+        return a, offset
+
+
+class FilePosixDirectoryInformation:
+    """One QUERY_DIRECTORY entry of class FILE_POSIX_INFORMATION: next offset, file index, the information,
+    then the name's length and the name."""
+    HEAD = struct.Struct("<II")
+    NAME = struct.Struct("<I")
+
+    @classmethod
+    def unpack_list(cls, data):
+        """[(name, Attributes)] of every entry in the chain."""
+        entries = []
+        offset = 0
+        what = "FilePosixInformation entry"
+        while True:
+            next_offset, _ = _unpack(cls.HEAD, data, offset, what)
+            a, at = FilePosixInformation.unpack(data, offset + cls.HEAD.size, what)
+            (name_len,) = _unpack(cls.NAME, data, at, what)
+            start = at + cls.NAME.size
+            if name_len % 2 or start + name_len > len(data):
+                raise WireError(f"{what}: name of {name_len} bytes outside the reply")
+            entries.append((bytes(data[start:start + name_len]).decode("utf-16-le", "surrogatepass"), a))
+            if next_offset == 0:
+                return entries
+            if next_offset < start + name_len - offset or offset + next_offset >= len(data):
+                raise WireError(f"{what}: next entry at {offset}+{next_offset} outside a {len(data)}-byte reply")
+            offset += next_offset
