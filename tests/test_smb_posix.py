@@ -75,11 +75,11 @@ def posix_info(inode, wire_mode, owner, group, nlink=1):
 
 
 def test_posix_information_gives_type_mode_and_unix_ids():
-    a, end = posix.FilePosixInformation.unpack(posix_info(7, 0o4755, sid(1, 5, 22, 1, 1000), sid(1, 5, 22, 2, 50), 2))
+    a, end = posix.FilePosixInformation.unpack(posix_info(7, 0o4755, sid(1, 22, 1, 1000), sid(1, 22, 2, 50), 2))
     assert (a.file_id, a.mode, a.uid, a.gid, a.nlink, a.size) == (7, stat.S_IFREG | 0o4755, 1000, 50, 2, 3)
-    a, _ = posix.FilePosixInformation.unpack(posix_info(8, 1 << 12 | 0o700, sid(1, 5, 21, 1, 2, 3, 500),
-                                                        sid(1, 5, 22, 2, 0)))
-    assert (a.mode, a.uid, a.gid) == (stat.S_IFDIR | 0o700, None, 0)
+    a, _ = posix.FilePosixInformation.unpack(posix_info(8, 1 << 12 | 0o700, sid(1, 5, 21, 1, 2, 3, 1000),
+                                                        sid(1, 22, 2, 0)))
+    assert (a.mode, a.uid, a.gid) == (stat.S_IFDIR | 0o700, posix.UNKNOWN_ID, 0)
 
 
 @pytest.mark.parametrize("kind, mode", [(2, stat.S_IFLNK), (5, stat.S_IFIFO), (6, stat.S_IFSOCK)])
@@ -90,7 +90,7 @@ def test_file_types(kind, mode):
 def test_directory_entries():
     def entry(name, inode, last):
         n = name.encode("utf-16-le")
-        body = posix_info(inode, 0o644, sid(1, 5, 22, 1, 0), sid(1, 5, 22, 2, 0)) + struct.pack("<I", len(n)) + n
+        body = posix_info(inode, 0o644, sid(1, 22, 1, 0), sid(1, 22, 2, 0)) + struct.pack("<I", len(n)) + n
         size = 8 + len(body) + -(8 + len(body)) % 8
         return struct.pack("<II", 0 if last else size, 0) + body + bytes(size - 8 - len(body))
     entries = posix.FilePosixDirectoryInformation.unpack_list(entry("a", 1, False) + entry("Bee", 2, True))

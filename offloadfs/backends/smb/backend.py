@@ -31,7 +31,7 @@ from smbprotocol import Dialects
 
 from .. import SourceError
 from ..base import NOW, Backend, DirItem, FsStat, Stat, user_xattr
-from . import errors, info, leases, messages as m, url, wire
+from . import errors, info, leases, messages as m, posix, url, wire
 from .capabilities import Capabilities, CopyLimits
 from ..parallel import together
 from .client import Client, ConnectionLost
@@ -127,6 +127,7 @@ class SMBBackend(Capabilities, Backend):
         self._listed = {}  # path -> (Attributes, expiry) from the last listings; see lookup()
         self.deferred = {}  # Node -> (File, trio.CancelScope of its timer): released, kept open (see release)
         self.requests = collections.Counter()  # command name -> requests sent
+        self.posix = False  # the connection has SMB 3.1.1 POSIX extensions: every open asks for POSIX semantics
         self.round_trips = 0  # requests and compounds sent, each answered before its caller goes on
 
     def shares_server_with(self, other):
@@ -216,6 +217,8 @@ class SMBBackend(Capabilities, Backend):
     def _stat(self, a: info.Attributes):
         node = self.by_id.get(a.file_id)
         ctime_ns = max(a.ctime_ns, node.changed_ns) if node is not None else a.ctime_ns
+        if a.mode is not None:
+            return self._posix_stat(a, ctime_ns)
         if a.is_dir:
             mode = stat.S_IFDIR | self.target.dir_mode
         else:
@@ -297,9 +300,43 @@ class SMBBackend(Capabilities, Backend):
                 node.path = moved
             self._name(moved, node)
 
+    # -- POSIX extensions or not: what opens carry and what queries ask for --------------------------
+
+    def _create(self, path, access, disposition=m.OPEN, options=0, mode=0, contexts=(), **kwargs):
+        """A CREATE, with the POSIX create context where the connection has the extensions: Samba answers
+        POSIX information only on such opens.  ``mode``: the permissions of what it creates."""
+        if self.posix:
+            contexts = [*contexts, posix.create_context(mode)]
+        return m.create(self._wire_path(path), access, disposition, options, contexts=contexts, **kwargs)
+
+    def _wire_path(self, path):
+        """``path`` as the server takes it: a POSIX open separates names with /, where a \\ is a character
+        (which _child refuses, so paths here keep \\ as their separator)."""
+        return path.replace("\\", "/") if self.posix else path
+
+    def _query_all(self, file_id=m.RELATED):
+        if self.posix:
+            return m.query_info(posix.FILE_POSIX_INFORMATION, file_id, 4096)
+        return _query_all(file_id)
+
+    def _attributes_in(self, body):
+        """The Attributes in a QUERY_INFO response to _query_all."""
+        data = wire.QueryResponse.buffer(body)
+        return posix.FilePosixInformation.unpack(data)[0] if self.posix else info.FileAllInformation.unpack(data)
+
+    def _list_page(self, file_id, flags):
+        return m.query_directory(file_id, posix.FILE_POSIX_INFORMATION if self.posix else info.FILE_ID_BOTH_DIRECTORY,
+                                 flags, LIST_BUFFER)
+
+    @staticmethod
+    def _posix_stat(a: info.Attributes, ctime_ns):
+        return Stat(ino=a.file_id, mode=a.mode, nlink=a.nlink, uid=a.uid, gid=a.gid, size=a.size,
+                    blocks=(a.allocation + 511) // 512, blksize=1 << 20, atime_ns=a.atime_ns, mtime_ns=a.mtime_ns,
+                    ctime_ns=ctime_ns)
+
     async def _stat_path(self, path):
-        _, body, _ = await self._call([m.create(path, m.READ_ATTRIBUTES), _query_all(), m.close()], path)
-        return info.FileAllInformation.unpack(wire.QueryResponse.buffer(body))
+        _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES), self._query_all(), m.close()], path)
+        return self._attributes_in(body)
 
     async def _size(self, file):
         body = await self._file_call(file, lambda fid: m.query_info(info.FILE_STANDARD, fid, 64))
@@ -311,8 +348,10 @@ class SMBBackend(Capabilities, Backend):
         self.client = Client.shared(self.target)
         path = self.target.path
         try:
+            conn, _ = await self.client.tree_id(self.share)
+            self.posix = conn.posix
             a = await self._stat_path(path)
-            _, body, _ = await self._call([m.create(path, m.READ_ATTRIBUTES), m.query_fs_info(info.FS_ATTRIBUTE),
+            _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES), m.query_fs_info(info.FS_ATTRIBUTE),
                                            m.close()], path)
         except OSError as e:
             await self.client.release()
@@ -399,8 +438,8 @@ class SMBBackend(Capabilities, Backend):
         return self._stat(a)
 
     async def _file_attributes(self, file):
-        body = await self._file_call(file, lambda fid: _query_all(fid))
-        return info.FileAllInformation.unpack(wire.QueryResponse.buffer(body))
+        body = await self._file_call(file, self._query_all)
+        return self._attributes_in(body)
 
     async def setattr(self, node, file=None, *, mode=None, uid=None, gid=None, size=None,
                       atime_ns=None, mtime_ns=None):
@@ -442,9 +481,9 @@ class SMBBackend(Capabilities, Backend):
         path = _path(node)
         await self._close_deferred_below(path)
         access = m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES | (m.WRITE_DATA if size is not None else 0)
-        bodies = await self._call([m.create(path, access), *(m.set_info(*c) for c in changes), _query_all(), m.close()],
-                                  path)
-        return self._stat(info.FileAllInformation.unpack(wire.QueryResponse.buffer(bodies[-2])))
+        bodies = await self._call([self._create(path, access), *(m.set_info(*c) for c in changes), self._query_all(),
+                                   m.close()], path)
+        return self._stat(self._attributes_in(bodies[-2]))
 
     @staticmethod
     async def _borrowing(file, node, files, use):
@@ -471,25 +510,25 @@ class SMBBackend(Capabilities, Backend):
     async def mknod(self, dir, name, mode, rdev):
         if not stat.S_ISREG(mode):
             raise OSError(errno.EOPNOTSUPP, "SMB without unix extensions has only files and directories")
-        return await self._make(_child(dir, name), m.NON_DIRECTORY_FILE)
+        return await self._make(_child(dir, name), m.NON_DIRECTORY_FILE, mode)
 
     async def mkdir(self, dir, name, mode):
-        return await self._make(_child(dir, name), m.DIRECTORY_FILE)
+        return await self._make(_child(dir, name), m.DIRECTORY_FILE, mode)
 
-    async def _make(self, path, options):
+    async def _make(self, path, options, mode):
         self._listed.clear()
-        _, body, _ = await self._call([m.create(path, m.READ_ATTRIBUTES, m.CREATE, options), _query_all(), m.close()],
-                                      path)
-        a = info.FileAllInformation.unpack(wire.QueryResponse.buffer(body))
+        _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES, m.CREATE, options, mode),
+                                       self._query_all(), m.close()], path)
+        a = self._attributes_in(body)
         return self._node(path, a), self._stat(a)
 
     async def link(self, node, dir, name):
         self._listed.clear()
         path = _child(dir, name)
-        link = info.FileRenameInformation(False, path).pack()
-        _, _, body, _ = await self._call([m.create(_path(node), m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES),
-                                          m.set_info(info.FILE_LINK, link), _query_all(), m.close()], path)
-        a = info.FileAllInformation.unpack(wire.QueryResponse.buffer(body))
+        link = info.FileRenameInformation(False, self._wire_path(path)).pack()
+        _, _, body, _ = await self._call([self._create(_path(node), m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES),
+                                          m.set_info(info.FILE_LINK, link), self._query_all(), m.close()], path)
+        a = self._attributes_in(body)
         node.changed()
         return self._node(path, a), self._stat(a)
 
@@ -505,14 +544,15 @@ class SMBBackend(Capabilities, Backend):
         await self._close_deferred_below(path)
         dispose = m.set_info(info.FILE_DISPOSITION, info.FileDispositionInformation().pack())
         try:
-            await self._call([m.create(path, m.DELETE | m.READ_ATTRIBUTES, m.OPEN, options), dispose, m.close()], path)
+            await self._call([self._create(path, m.DELETE | m.READ_ATTRIBUTES, m.OPEN, options), dispose, m.close()],
+                             path)
         except OSError as e:
             if status_of(e) != errors.CANNOT_DELETE:
                 raise
             # Read-only: POSIX unlinks it anyway (the directory decides), so clear the attribute first.
             a = await self._stat_path(path)
             plain = info.FileBasicInformation(attributes=(a.attributes & ~info.ATTR_READONLY) or info.ATTR_NORMAL)
-            await self._call([m.create(path, m.DELETE | m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES, m.OPEN, options),
+            await self._call([self._create(path, m.DELETE | m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES, m.OPEN, options),
                               m.set_info(info.FILE_BASIC, plain.pack()), dispose, m.close()], path)
         _unlinked(self.nodes.get(path))
         self._removed(path)
@@ -526,9 +566,9 @@ class SMBBackend(Capabilities, Backend):
             return
         replace = not flags & RENAME_NOREPLACE
         await self._close_deferred_below(old, new)
-        move = info.FileRenameInformation(replace, new).pack()
+        move = info.FileRenameInformation(replace, self._wire_path(new)).pack()
         try:
-            await self._call([m.create(old, m.DELETE | m.READ_ATTRIBUTES), m.set_info(info.FILE_RENAME, move),
+            await self._call([self._create(old, m.DELETE | m.READ_ATTRIBUTES), m.set_info(info.FILE_RENAME, move),
                               m.close()], old)
         except OSError as e:
             if not replace or status_of(e) not in (errors.OBJECT_NAME_COLLISION, errors.ACCESS_DENIED):
@@ -589,7 +629,7 @@ class SMBBackend(Capabilities, Backend):
         else:
             disposition = m.OPEN_IF
         known = self.nodes.get(path)
-        file, a = await self._open(None, path, _access(flags), disposition, m.NON_DIRECTORY_FILE,
+        file, a = await self._open(None, path, _access(flags), disposition, m.NON_DIRECTORY_FILE, mode=mode,
                                    lease=self._lease_of(known) if known is not None and not known.is_dir else None)
         file.node = self._node(path, a)
         file.node.files.append(file)
@@ -599,7 +639,8 @@ class SMBBackend(Capabilities, Backend):
             file.lease.node = file.node
         return file.node, self._stat(a), file
 
-    async def _open(self, node, path, access, disposition, options, reconnect=None, lease=None, retried=False):
+    async def _open(self, node, path, access, disposition, options, reconnect=None, lease=None, retried=False,
+                    mode=0):
         """A File and the attributes of what it opened, in one round trip (with its resume key, if readable).
 
         Files (not directories) are opened under a lease (see leases.py): the
@@ -627,8 +668,8 @@ class SMBBackend(Capabilities, Backend):
         if lease is not None:
             contexts.append(lease.context(conn.dialect >= Dialects.SMB_3_0_0))
             seen = listener.opening(lease)
-        msgs = [m.create(path, access, disposition, options, oplock=m.LEASE if lease else m.NO_OPLOCK,
-                         contexts=contexts), _query_all()]
+        msgs = [self._create(path, access, disposition, options, mode, oplock=m.LEASE if lease else m.NO_OPLOCK,
+                             contexts=contexts), self._query_all()]
         if access & m.READ_DATA and options & m.NON_DIRECTORY_FILE:
             msgs.append(m.resume_key())  # any file we may read may be the source of a server-side copy
         with trio.CancelScope(shield=True):
@@ -646,7 +687,7 @@ class SMBBackend(Capabilities, Backend):
                     listener.opened(lease, created.lease, seen)
             if status == errors.INVALID_PARAMETER and lease is not None and reconnect is None and not retried:
                 return await self._open(node, path, access, disposition, options, lease=leases.Lease(self, node),
-                                        retried=True)
+                                        retried=True, mode=mode)
             if status != errors.SUCCESS:
                 raise status_error(status, body, path)
             file = File(self, node, access, created.file_id, generation)
@@ -659,7 +700,7 @@ class SMBBackend(Capabilities, Backend):
             try:
                 if q_status != errors.SUCCESS:
                     raise status_error(q_status, query, path)
-                a = info.FileAllInformation.unpack(wire.QueryResponse.buffer(query))
+                a = self._attributes_in(query)
             except (OSError, wire.WireError):
                 await self.release(file)
                 raise
@@ -833,21 +874,22 @@ class SMBBackend(Capabilities, Backend):
         the STATUS_NO_MORE_FILES that ends it.  Its handle is closed after the listing is answered."""
         path = _path(node)
         create, queried, *pages = await self._send([
-            m.create(path, m.READ_DATA | m.READ_ATTRIBUTES | m.SYNCHRONIZE, m.OPEN, m.DIRECTORY_FILE),
-            _query_all(),
-            m.query_directory(m.RELATED, info.FILE_ID_BOTH_DIRECTORY, m.RESTART_SCAN, LIST_BUFFER),
-            m.query_directory(m.RELATED, info.FILE_ID_BOTH_DIRECTORY, 0, LIST_BUFFER)])
+            self._create(path, m.READ_DATA | m.READ_ATTRIBUTES | m.SYNCHRONIZE, m.OPEN, m.DIRECTORY_FILE),
+            self._query_all(),
+            self._list_page(m.RELATED, m.RESTART_SCAN),
+            self._list_page(m.RELATED, 0)])
         generation = self.client.generation
         expiry = trio.current_time() + LISTED_FOR
         if create[0] != errors.SUCCESS:
             raise status_error(create[0], what=path)
         fid = wire.CreateResponse.unpack(create[1]).file_id
         items = []
-        seen = _Pages(f"{self.client.where}: listing of {path or 'the share'}")
+        seen = _Pages(f"{self.client.where}: listing of {path or 'the share'}",
+                      posix.FilePosixDirectoryInformation if self.posix else info.FileIdBothDirectoryInformation)
         try:
             if queried[0] != errors.SUCCESS:
                 raise status_error(queried[0], what=path)
-            a = info.FileAllInformation.unpack(wire.QueryResponse.buffer(queried[1]))
+            a = self._attributes_in(queried[1])
             if not _same(node, a):
                 raise OSError(errno.ESTALE, f"{path}: replaced by another directory")
             before = self._stat(a)
@@ -859,12 +901,12 @@ class SMBBackend(Capabilities, Backend):
                     raise status_error(status, what=path)
                 for name, a in seen.entries(wire.QueryResponse.buffer(body)):
                     if name not in (".", ".."):
-                        items.append(DirItem(name.encode("utf-8", "surrogatepass"), a.file_id, 4 if a.is_dir else 8,
-                                             self._stat(a)))
+                        st = self._stat(a)
+                        items.append(DirItem(name.encode("utf-8", "surrogatepass"), a.file_id, st.mode >> 12, st))
                         self._listed[f"{path}\\{name}" if path else name] = (a, expiry)
                 if not pages:
                     pages = await self._send(
-                        [m.query_directory(fid, info.FILE_ID_BOTH_DIRECTORY, 0, LIST_BUFFER)], generation)
+                        [self._list_page(fid, 0)], generation)
         finally:
             trio.lowlevel.spawn_system_task(self._close_listing, fid, generation)
         return before, items
@@ -879,7 +921,7 @@ class SMBBackend(Capabilities, Backend):
 
     async def statfs(self, node):
         path = _path(node)
-        _, body, _ = await self._call([m.create(path, m.READ_ATTRIBUTES), m.query_fs_info(info.FS_FULL_SIZE),
+        _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES), m.query_fs_info(info.FS_FULL_SIZE),
                                        m.close()], path)
         s = info.FileFsFullSizeInformation.unpack(wire.QueryResponse.buffer(body))
         unit = s.sectors_per_unit * s.bytes_per_sector or 4096
@@ -893,7 +935,7 @@ class SMBBackend(Capabilities, Backend):
         path = _path(node)
         query = m.query_info(info.FILE_FULL_EA, output_length=65536, input=info.GetEa(name).pack() if name else b"",
                              flags=0 if name else m.RESTART_SCAN)
-        create, result, _ = await self._send([m.create(path, m.READ_EA | m.READ_ATTRIBUTES), query, m.close()])
+        create, result, _ = await self._send([self._create(path, m.READ_EA | m.READ_ATTRIBUTES), query, m.close()])
         for status, body in (create, result):
             if status == errors.NO_EAS_ON_FILE:
                 return {}
@@ -905,7 +947,7 @@ class SMBBackend(Capabilities, Backend):
     async def _set_ea(self, node, name, value):
         path = _path(node)
         ea = info.FullEa.pack_list([info.FullEa(name, value)])
-        await self._call([m.create(path, m.WRITE_EA | m.READ_ATTRIBUTES), m.set_info(info.FILE_FULL_EA, ea),
+        await self._call([self._create(path, m.WRITE_EA | m.READ_ATTRIBUTES), m.set_info(info.FILE_FULL_EA, ea),
                           m.close()], path)
 
     def holds_xattr(self, name):
@@ -973,8 +1015,9 @@ class _Pages:
     LIST_MAX_ENTRIES entries.
     """
 
-    def __init__(self, what):
+    def __init__(self, what, layout):
         self.what = what
+        self.layout = layout  # the information class of its entries
         self.seen = set()
         self.size = 0
         self.count = 0
@@ -985,7 +1028,7 @@ class _Pages:
         if digest in self.seen:
             raise self._refuse("the server sent the same page twice")
         self.seen.add(digest)
-        entries = info.FileIdBothDirectoryInformation.unpack_list(page)
+        entries = self.layout.unpack_list(page)
         self.size += len(page)
         self.count += len(entries)
         if self.size > LIST_MAX_BYTES or self.count > LIST_MAX_ENTRIES:

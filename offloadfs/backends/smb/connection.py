@@ -173,7 +173,8 @@ class GuardedConnection(Connection):
 
     def send(self, message, *args, **kwargs):
         """smbprotocol's send, with the POSIX negotiate context added to its 3.1.1 NEGOTIATE where wanted."""
-        if self.want_posix and message.COMMAND == Commands.SMB2_NEGOTIATE and "negotiate_context_list" in message.fields:
+        negotiate = message.COMMAND == Commands.SMB2_NEGOTIATE and "negotiate_context_list" in message.fields
+        if self.want_posix and negotiate:
             message = messages.Request(Commands.SMB2_NEGOTIATE, posix.with_negotiate_context(message.pack()))
         return super().send(message, *args, **kwargs)
 

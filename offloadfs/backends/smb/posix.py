@@ -31,8 +31,11 @@ _REPLY = struct.Struct("<HHHH16sIIIIqqHHI")  # 2.2.4 up to NegotiateContextOffse
 # The mode's file type travels as a number in bits 12-15 (Samba's unix_mode_to_wire), not as S_IFMT bits.
 TYPE_SHIFT = 12
 TYPES = (stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK, stat.S_IFCHR, stat.S_IFBLK, stat.S_IFIFO, stat.S_IFSOCK)
-UNIX_USERS = (1, 5, (22, 1))  # S-1-22-1-uid: revision, identifier authority, first sub-authority
-UNIX_GROUPS = (1, 5, (22, 2))
+UNIX_USERS = (1, 22, (1,))  # S-1-22-1-uid: revision, identifier authority, the sub-authorities before the id
+UNIX_GROUPS = (1, 22, (2,))
+# The owner of a file whose SID is not a unix id (Samba names users of its passdb by their domain SID,
+# S-1-5-21-...-rid): the kernel's overflow id, "nobody", as NFS shows an owner it cannot map.
+UNKNOWN_ID = 65534
 
 
 def with_negotiate_context(body):
@@ -103,12 +106,13 @@ _SID_HEAD = struct.Struct("<BB6x")
 
 
 def unix_id(sid, unix):
-    """The uid (or gid) that ``sid`` names where it is one of ``unix`` (UNIX_USERS, UNIX_GROUPS), else None."""
+    """The uid (or gid) that ``sid`` names where it is one of ``unix`` (UNIX_USERS, UNIX_GROUPS), else
+    UNKNOWN_ID."""
     revision, authority, subs = sid
     prefix = unix[2]
     if (revision, authority) == unix[:2] and len(subs) == len(prefix) + 1 and subs[:len(prefix)] == prefix:
         return subs[-1]
-    return None
+    return UNKNOWN_ID
 
 
 class FilePosixInformation:

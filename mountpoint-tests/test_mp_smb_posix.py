@@ -1,0 +1,85 @@
+"""SMB 3.1.1 POSIX extensions on Samba 4.22 shares (`smb3 unix extensions = yes`): what a mount of
+one shows and does where the server gives it modes, owners, link counts and POSIX names.
+
+Without the extensions (Samba 4.17, or -o noposix) every file shows file_mode=/dir_mode= and
+root; test_mp_smb and the other SMB tests cover that.
+"""
+
+import os
+import shutil
+import stat
+import subprocess
+
+import pytest
+
+from offloadfs.lab.mount import MountError
+
+PLACES = ["smb422-btrfs", "smb422-xfs"]
+
+
+def mode(path):
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+@pytest.mark.parametrize("where", PLACES)
+def test_new_files_get_the_mode_asked_less_the_umask(where, mount_on):
+    mnt = mount_on(where)
+    subprocess.run(["sh", "-c", "umask 027; touch f; mkdir d"], cwd=mnt.path, check=True)
+    fd = os.open(mnt.path / "secret", os.O_CREAT | os.O_WRONLY, 0o600)
+    os.close(fd)
+    for name, want in [("f", 0o640), ("d", 0o750), ("secret", 0o600)]:
+        assert (mode(mnt.path / name), mode(mnt.backing / name)) == (want, want), name
+    assert stat.S_ISDIR(os.stat(mnt.path / "d").st_mode)
+
+
+@pytest.mark.parametrize("where", PLACES)
+def test_owner_and_group_are_the_servers_numeric_ids(where, mount_on):
+    mnt = mount_on(where)
+    (mnt.backing / "theirs").write_text("x")
+    os.chown(mnt.backing / "theirs", 1234, 5678)
+    (mnt.backing / "sub").mkdir(mode=0o711)
+    os.chown(mnt.backing / "sub", 4321, 8765)
+    st = os.stat(mnt.path / "theirs")
+    assert (st.st_uid, st.st_gid) == (1234, 5678)
+    listed = {e.name: e.stat(follow_symlinks=False) for e in os.scandir(mnt.path)}
+    assert (listed["sub"].st_uid, listed["sub"].st_gid, stat.S_IMODE(listed["sub"].st_mode)) == (4321, 8765, 0o711)
+    assert (listed["theirs"].st_uid, listed["theirs"].st_gid) == (1234, 5678)
+
+
+@pytest.mark.parametrize("where", PLACES)
+def test_link_counts_are_the_servers(where, mount_on):
+    mnt = mount_on(where)
+    (mnt.path / "a").write_text("x")
+    os.link(mnt.path / "a", mnt.path / "b")
+    (mnt.backing / "c").write_text("y")
+    os.link(mnt.backing / "c", mnt.backing / "d")
+    os.link(mnt.backing / "c", mnt.backing / "e")
+    (mnt.backing / "dir" / "sub").mkdir(parents=True)
+    assert [os.stat(mnt.path / n).st_nlink for n in "abcde"] == [2, 2, 3, 3, 3]
+    assert os.stat(mnt.path / "dir").st_nlink == 3
+
+
+@pytest.mark.parametrize("where", PLACES)
+def test_names_differing_in_case_are_different_files(where, mount_on):
+    mnt = mount_on(where)
+    (mnt.path / "name").write_text("lower")
+    (mnt.path / "NAME").write_text("upper")
+    assert sorted(os.listdir(mnt.path)) == ["NAME", "name"]
+    assert (mnt.backing / "name").read_text() == "lower"
+    assert (mnt.backing / "NAME").read_text() == "upper"
+
+
+@pytest.mark.parametrize("where", PLACES[:1])
+def test_noposix_shows_what_a_server_without_them_would(where, mount_on):
+    mnt = mount_on(where, ["noposix"])
+    (mnt.backing / "theirs").write_text("x")
+    os.chown(mnt.backing / "theirs", 1234, 5678)
+    os.chmod(mnt.backing / "theirs", 0o600)
+    st = os.stat(mnt.path / "theirs")
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o755, 0, 0)
+
+
+@pytest.mark.skipif(shutil.which("smbd") is None, reason="smbd is not installed")
+def test_posix_on_a_server_without_them_fails_the_mount(mount_on):
+    with pytest.raises(MountError, match="does not offer SMB 3.1.1 POSIX extensions"):
+        mount_on("smb-ext4", ["posix"])
