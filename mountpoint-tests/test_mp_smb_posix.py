@@ -35,15 +35,15 @@ def test_new_files_get_the_mode_asked_less_the_umask(where, mount_on):
 @pytest.mark.parametrize("where", PLACES)
 def test_owner_and_group_are_the_servers_numeric_ids(where, mount_on):
     mnt = mount_on(where)
-    (mnt.backing / "theirs").write_text("x")
+    (mnt.backing / "theirs").write_text("12345")
     os.chown(mnt.backing / "theirs", 1234, 5678)
     (mnt.backing / "sub").mkdir(mode=0o711)
     os.chown(mnt.backing / "sub", 4321, 8765)
     st = os.stat(mnt.path / "theirs")
-    assert (st.st_uid, st.st_gid) == (1234, 5678)
+    assert (st.st_uid, st.st_gid, st.st_size) == (1234, 5678, 5)
     listed = {e.name: e.stat(follow_symlinks=False) for e in os.scandir(mnt.path)}
     assert (listed["sub"].st_uid, listed["sub"].st_gid, stat.S_IMODE(listed["sub"].st_mode)) == (4321, 8765, 0o711)
-    assert (listed["theirs"].st_uid, listed["theirs"].st_gid) == (1234, 5678)
+    assert (listed["theirs"].st_uid, listed["theirs"].st_gid, listed["theirs"].st_size) == (1234, 5678, 5)
 
 
 @pytest.mark.parametrize("where", PLACES)

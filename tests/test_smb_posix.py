@@ -70,13 +70,14 @@ def sid(*parts):
 
 
 def posix_info(inode, wire_mode, owner, group, nlink=1):
-    return posix.FilePosixInformation.FORMAT.pack(0, 0, 0, 0, 4096, 3, 0x80, inode, 0, 0) + \
+    return posix.FilePosixInformation.FORMAT.pack(0, 0, 0, 0, 3, 4096, 0x80, inode, 0, 0) + \
         posix.FilePosixInformation.CC.pack(nlink, 0, wire_mode) + owner + group
 
 
 def test_posix_information_gives_type_mode_and_unix_ids():
     a, end = posix.FilePosixInformation.unpack(posix_info(7, 0o4755, sid(1, 22, 1, 1000), sid(1, 22, 2, 50), 2))
-    assert (a.file_id, a.mode, a.uid, a.gid, a.nlink, a.size) == (7, stat.S_IFREG | 0o4755, 1000, 50, 2, 3)
+    assert (a.file_id, a.mode, a.uid, a.gid, a.nlink, a.size, a.allocation) == (
+        7, stat.S_IFREG | 0o4755, 1000, 50, 2, 3, 4096)
     a, _ = posix.FilePosixInformation.unpack(posix_info(8, 1 << 12 | 0o700, sid(1, 5, 21, 1, 2, 3, 1000),
                                                         sid(1, 22, 2, 0)))
     assert (a.mode, a.uid, a.gid) == (stat.S_IFDIR | 0o700, posix.UNKNOWN_ID, 0)

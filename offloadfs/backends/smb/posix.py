@@ -116,15 +116,16 @@ def unix_id(sid, unix):
 
 
 class FilePosixInformation:
-    """SMB2_FILE_POSIX_INFORMATION: times, sizes, attributes, inode, device, then link count, reparse tag,
-    mode and the owner and group SIDs (what the POSIX create context's reply carries too)."""
+    """SMB2_FILE_POSIX_INFORMATION: times, sizes (the end of file first, unlike FileAllInformation),
+    attributes, inode, device, then link count, reparse tag, mode and the owner and group SIDs (what the
+    POSIX create context's reply carries too)."""
     FORMAT = struct.Struct("<qqqqqqIqII")
     CC = struct.Struct("<III")  # link count, reparse tag, mode
 
     @classmethod
     def unpack(cls, data, offset=0, what="FilePosixInformation"):
         """(Attributes, the offset after it)."""
-        btime, atime, mtime, ctime, alloc, eof, attrs, inode, _, _ = _unpack(cls.FORMAT, data, offset, what)
+        btime, atime, mtime, ctime, eof, alloc, attrs, inode, _, _ = _unpack(cls.FORMAT, data, offset, what)
         offset += cls.FORMAT.size
         nlink, tag, wire = _unpack(cls.CC, data, offset, what)
         owner, offset = _sid(data, offset + cls.CC.size, what)
