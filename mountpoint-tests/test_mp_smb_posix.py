@@ -83,3 +83,65 @@ def test_noposix_shows_what_a_server_without_them_would(where, mount_on):
 def test_posix_on_a_server_without_them_fails_the_mount(mount_on):
     with pytest.raises(MountError, match="does not offer SMB 3.1.1 POSIX extensions"):
         mount_on("smb-ext4", ["posix"])
+
+
+@pytest.mark.parametrize("where", PLACES)
+def test_chmod_sets_the_mode_on_the_server(where, mount_on):
+    mnt = mount_on(where)
+    (mnt.path / "f").write_text("x")
+    (mnt.path / "d").mkdir()
+    os.chmod(mnt.path / "f", 0o604)
+    os.chmod(mnt.path / "d", 0o710)
+    for name, want in [("f", 0o604), ("d", 0o710)]:
+        assert (mode(mnt.path / name), mode(mnt.backing / name)) == (want, want), name
+
+
+@pytest.mark.parametrize("where", PLACES[:1])
+def test_chmod_of_setuid_setgid_or_sticky_fails_and_changes_nothing(where, mount_on):
+    mnt = mount_on(where)
+    (mnt.path / "f").write_text("x")
+    os.chmod(mnt.path / "f", 0o644)
+    with pytest.raises(PermissionError):
+        os.chmod(mnt.path / "f", 0o4755)
+    assert (mode(mnt.path / "f"), mode(mnt.backing / "f")) == (0o644, 0o644)
+
+
+@pytest.mark.parametrize("where", PLACES)
+def test_chown_by_root_sets_owner_and_group_on_the_server(where, mount_on):
+    mnt = mount_on(where)
+    (mnt.path / "f").write_text("x")
+    os.chown(mnt.path / "f", 1234, 5678)
+    os.chown(mnt.path / "f", -1, 42)
+    st, server = os.stat(mnt.path / "f"), os.stat(mnt.backing / "f")
+    assert (st.st_uid, st.st_gid) == (server.st_uid, server.st_gid) == (1234, 42)
+
+
+@pytest.mark.parametrize("where", PLACES[:1])
+@pytest.mark.parametrize("how", ["printf x 1<>f", "printf x >>f", "printf x >f"])
+def test_a_write_by_another_user_clears_setuid_and_setgid(where, how, mount_on):
+    """As pjdfstest chmod/12, but with the bits set on the server: Samba sets none from a client."""
+    mnt = mount_on(where, ["allow_other"])
+    (mnt.backing / "f").write_bytes(b"")
+    os.chmod(mnt.backing / "f", 0o6777)
+    assert mode(mnt.path / "f") == 0o6777
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", how],
+                          cwd=mnt.path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (mode(mnt.path / "f"), mode(mnt.backing / "f")) == (0o777, 0o777)
+    assert (mnt.backing / "f").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("where", PLACES[:1])
+def test_chown_by_the_owner_to_a_group_of_theirs(where, mount_on):
+    """With allow_other the kernel checks the caller (default_permissions): the owner may give the
+    file to a group they are in, not to another owner."""
+    mnt = mount_on(where, ["allow_other"])
+    (mnt.backing / "f").write_text("x")
+    os.chown(mnt.backing / "f", 65534, 65534)
+    run = ["setpriv", "--reuid=65534", "--regid=65534", "--groups=4242"]
+    done = subprocess.run([*run, "chgrp", "4242", "f"], cwd=mnt.path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    refused = subprocess.run([*run, "chown", "0", "f"], cwd=mnt.path, capture_output=True, text=True)
+    assert "Operation not permitted" in refused.stderr
+    st = os.stat(mnt.backing / "f")
+    assert (st.st_uid, st.st_gid) == (65534, 4242)

@@ -112,3 +112,23 @@ def test_options(tmp_path):
                          ({"posix": True, "vers": "3.0"}, "3.1.1")]:
         with pytest.raises(ValueError, match=message):
             parse(url, {**base, **bad})
+
+
+def test_chmod_descriptor_is_one_ace_for_the_nfs_mode_sid():
+    sd, parts = posix.security_descriptor(mode=0o4751)
+    assert parts == posix.DACL
+    revision, _, control, owner, group, sacl, dacl = struct.unpack_from("<BBHIIII", sd)
+    assert (revision, control, owner, group, sacl, dacl) == (1, 0x8004, 0, 0, 0, 20)
+    acl_revision, _, size, count, _ = struct.unpack_from("<BBHHH", sd, dacl)
+    assert (acl_revision, size, count, len(sd)) == (2, len(sd) - dacl, 1, dacl + size)
+    assert sd[dacl + 16:] == sid(1, 5, 88, 3, 0o751)  # the bits above 0777 cannot be set this way
+
+
+def test_chown_descriptor_names_unix_ids():
+    sd, parts = posix.security_descriptor(uid=1000, gid=50)
+    assert parts == posix.OWNER | posix.GROUP
+    _, _, control, owner, group, _, dacl = struct.unpack_from("<BBHIIII", sd)
+    assert (control, dacl) == (0x8000, 0)
+    assert sd[owner:group] == sid(1, 22, 1, 1000) and sd[group:] == sid(1, 22, 2, 50)
+    assert posix.security_descriptor(gid=7) == (struct.pack("<BBHIIII", 1, 0, 0x8000, 0, 20, 0, 0) +
+                                                sid(1, 22, 2, 7), posix.GROUP)

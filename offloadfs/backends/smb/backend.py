@@ -28,6 +28,7 @@ import uuid
 
 import trio
 from smbprotocol import Dialects
+from smbprotocol.file_info import InfoType
 
 from .. import SourceError
 from ..base import NOW, Backend, DirItem, FsStat, Stat, user_xattr
@@ -451,6 +452,11 @@ class SMBBackend(Capabilities, Backend):
         as the Linux cifs client does, changes go through the writable handles.
         """
         self._listed.clear()
+        if self.posix and (mode, uid, gid) != (None, None, None):
+            await self._set_owner_and_mode(node, uid, gid, mode)
+            if (size, atime_ns, mtime_ns) == (None, None, None):
+                return await self.getattr(node, file)
+            mode = None
         files = [file] if file is not None else [f for f in node.files if f.access & m.WRITE_DATA]
         # uid/gid: SMB without unix extensions has no owners to change (mount.cifs ignores them too).
         changes = []
@@ -484,6 +490,19 @@ class SMBBackend(Capabilities, Backend):
         bodies = await self._call([self._create(path, access), *(m.set_info(*c) for c in changes), self._query_all(),
                                    m.close()], path)
         return self._stat(self._attributes_in(bodies[-2]))
+
+    async def _set_owner_and_mode(self, node, uid, gid, mode):
+        """chown and chmod with POSIX extensions: a security descriptor as Samba takes it (posix.py)."""
+        if mode is not None and stat.S_IMODE(mode) & ~posix.SETTABLE_MODE:
+            raise OSError(errno.EPERM, "Samba sets no setuid, setgid or sticky bit from an SMB client")
+        sd, parts = posix.security_descriptor(uid, gid, mode)
+        access = (m.WRITE_DAC if parts & posix.DACL else 0) | (m.WRITE_OWNER if parts & ~posix.DACL else 0)
+        path = _path(node)
+        await self._close_deferred_below(path)
+        await self._call([self._create(path, m.READ_ATTRIBUTES | access),
+                          m.set_info(0, sd, info_type=InfoType.SMB2_0_INFO_SECURITY, additional=parts), m.close()],
+                         path)
+        node.changed()
 
     @staticmethod
     async def _borrowing(file, node, files, use):

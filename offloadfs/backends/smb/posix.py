@@ -104,6 +104,45 @@ def _sid(data, offset, what):
 
 _SID_HEAD = struct.Struct("<BB6x")
 
+# Samba's chmod from a POSIX client: a DACL of one ACE for S-1-5-88-3-mode (smbd's
+# check_smb2_posix_chmod_ace), which it takes for the permission bits only: setuid, setgid and sticky
+# cannot be set this way.
+NFS_MODE = (1, 5, (88, 3))
+SETTABLE_MODE = 0o777
+OWNER, GROUP, DACL = 0x1, 0x2, 0x4  # AdditionalInformation: the parts of a security descriptor set
+_SD = struct.Struct("<BBHIIII")  # MS-DTYP 2.4.6 self-relative: revision, sbz1, control, owner, group, sacl, dacl
+_ACL = struct.Struct("<BBHHH")  # 2.4.5: revision, sbz1, size, ace count, sbz2
+_ACE = struct.Struct("<BBHI")  # 2.4.4.2 ACCESS_ALLOWED_ACE: type, flags, size, mask, then the SID
+SE_DACL_PRESENT = 0x0004
+SE_SELF_RELATIVE = 0x8000
+
+
+def pack_sid(kind, rid):
+    """The SID ``kind`` (UNIX_USERS, UNIX_GROUPS, NFS_MODE) followed by ``rid``."""
+    revision, authority, subs = kind
+    subs = (*subs, rid)
+    return struct.pack("<BB", revision, len(subs)) + authority.to_bytes(6, "big") + struct.pack(f"<{len(subs)}I",
+                                                                                                  *subs)
+
+
+def security_descriptor(uid=None, gid=None, mode=None):
+    """(The self-relative security descriptor that sets what is not None, the parts it sets) as Samba takes
+    them from a POSIX client: owner S-1-22-1-uid, group S-1-22-2-gid, a mode as NFS_MODE says."""
+    body, offsets, parts = b"", [0, 0, 0, 0], 0
+    for i, (value, kind, part) in enumerate([(uid, UNIX_USERS, OWNER), (gid, UNIX_GROUPS, GROUP)]):
+        if value is not None:
+            offsets[i] = _SD.size + len(body)
+            body += pack_sid(kind, value)
+            parts |= part
+    if mode is not None:
+        sid = pack_sid(NFS_MODE, mode & SETTABLE_MODE)
+        ace = _ACE.pack(0, 0, _ACE.size + len(sid), 0) + sid
+        offsets[3] = _SD.size + len(body)
+        body += _ACL.pack(2, 0, _ACL.size + len(ace), 1, 0) + ace
+        parts |= DACL
+    control = SE_SELF_RELATIVE | (SE_DACL_PRESENT if mode is not None else 0)
+    return _SD.pack(1, 0, control, *offsets) + body, parts
+
 
 def unix_id(sid, unix):
     """The uid (or gid) that ``sid`` names where it is one of ``unix`` (UNIX_USERS, UNIX_GROUPS), else
