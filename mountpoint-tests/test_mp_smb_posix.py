@@ -145,3 +145,48 @@ def test_chown_by_the_owner_to_a_group_of_theirs(where, mount_on):
     assert "Operation not permitted" in refused.stderr
     st = os.stat(mnt.backing / "f")
     assert (st.st_uid, st.st_gid) == (65534, 4242)
+
+
+@pytest.mark.parametrize("where", PLACES)
+def test_symlinks(where, mount_on):
+    """Samba keeps a POSIX client's symlink as a file with a reparse point, shown to POSIX clients
+    as a symlink; the kernel follows it through readlink."""
+    mnt = mount_on(where)
+    (mnt.path / "target").write_text("pointed at")
+    os.symlink("target", mnt.path / "rel")
+    os.symlink("/etc/hostname", mnt.path / "abs")
+    os.symlink("d\u00e9j\u00e0/../target", mnt.path / "long")
+    (mnt.path / "déjà").mkdir()
+    assert os.readlink(mnt.path / "rel") == "target"
+    assert os.readlink(mnt.path / "abs") == "/etc/hostname"
+    assert (mnt.path / "rel").read_text() == (mnt.path / "long").read_text() == "pointed at"
+    assert stat.S_ISLNK(os.lstat(mnt.path / "rel").st_mode)
+    listed = {e.name: e for e in os.scandir(mnt.path)}
+    assert listed["rel"].is_symlink() and not listed["target"].is_symlink()
+    assert stat.S_ISLNK(listed["abs"].stat(follow_symlinks=False).st_mode)
+    os.rename(mnt.path / "rel", mnt.path / "moved")
+    assert os.readlink(mnt.path / "moved") == "target"
+    os.unlink(mnt.path / "moved")
+    assert (mnt.path / "target").exists() and not os.path.lexists(mnt.path / "moved")
+
+
+@pytest.mark.parametrize("where", PLACES)
+def test_fifos_and_sockets(where, mount_on):
+    mnt = mount_on(where)
+    os.mkfifo(mnt.path / "fifo", 0o640)
+    os.mknod(mnt.path / "sock", stat.S_IFSOCK | 0o600)
+    assert stat.S_ISFIFO(os.stat(mnt.path / "fifo").st_mode) and mode(mnt.path / "fifo") == 0o640
+    assert stat.S_ISSOCK(os.stat(mnt.path / "sock").st_mode)
+    kinds = {e.name: stat.S_IFMT(e.stat(follow_symlinks=False).st_mode) for e in os.scandir(mnt.path)}
+    assert kinds == {"fifo": stat.S_IFIFO, "sock": stat.S_IFSOCK}
+    os.unlink(mnt.path / "fifo")
+    assert not (mnt.backing / "fifo").exists()
+
+
+@pytest.mark.parametrize("where", PLACES[:1])
+def test_device_nodes_by_root(where, mount_on):
+    mnt = mount_on(where)
+    os.mknod(mnt.path / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    os.mknod(mnt.path / "disk", stat.S_IFBLK | 0o600, os.makedev(8, 1))
+    assert stat.S_ISCHR(os.lstat(mnt.path / "null").st_mode)
+    assert stat.S_ISBLK(os.lstat(mnt.path / "disk").st_mode)

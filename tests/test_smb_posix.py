@@ -132,3 +132,27 @@ def test_chown_descriptor_names_unix_ids():
     assert sd[owner:group] == sid(1, 22, 1, 1000) and sd[group:] == sid(1, 22, 2, 50)
     assert posix.security_descriptor(gid=7) == (struct.pack("<BBHIIII", 1, 0, 0x8000, 0, 20, 0, 0) +
                                                 sid(1, 22, 2, 7), posix.GROUP)
+
+
+@pytest.mark.parametrize("target", ["x", "/etc/hostname", "d\u00e9j\u00e0/../x", "a\\b"])
+def test_symlink_reparse_point_round_trip(target):
+    data = posix.symlink_reparse(target)
+    tag, length, _ = struct.unpack_from("<IHH", data)
+    assert (tag, length + 8) == (posix.TAG_SYMLINK, len(data))
+    flags = struct.unpack_from("<I", data, 16)[0]
+    assert flags == (0 if target.startswith("/") else posix.SYMLINK_RELATIVE)
+    assert posix.symlink_target(data) == target
+
+
+def test_symlink_target_of_an_nfs_link_and_refusals():
+    name = "t".encode("utf-16-le")
+    nfs_link = struct.pack("<IHHQ", posix.TAG_NFS, 8 + len(name), 0, 0x014B4E4C) + name
+    assert posix.symlink_target(nfs_link) == "t"
+    for bad in [posix.special_reparse(stat.S_IFIFO), posix.symlink_reparse("abc")[:-2], b"\x0c\x00\x00\xa0"]:
+        with pytest.raises(WireError):
+            posix.symlink_target(bad)
+
+
+def test_special_file_reparse_points():
+    assert posix.special_reparse(stat.S_IFIFO | 0o644) == struct.pack("<IHHQ", posix.TAG_NFS, 8, 0, 0x4F464946)
+    assert posix.special_reparse(stat.S_IFCHR, 1, 3) == struct.pack("<IHHQII", posix.TAG_NFS, 16, 0, 0x00524843, 1, 3)

@@ -308,6 +308,7 @@ class SMBBackend(Capabilities, Backend):
         POSIX information only on such opens.  ``mode``: the permissions of what it creates."""
         if self.posix:
             contexts = [*contexts, posix.create_context(mode)]
+            options |= posix.OPEN_REPARSE_POINT
         return m.create(self._wire_path(path), access, disposition, options, contexts=contexts, **kwargs)
 
     def _wire_path(self, path):
@@ -521,25 +522,62 @@ class SMBBackend(Capabilities, Backend):
         return result
 
     async def readlink(self, node):
-        raise OSError(errno.EINVAL, "SMB without unix extensions has no symlinks")
+        if not self.posix:
+            raise OSError(errno.EINVAL, "SMB without unix extensions has no symlinks")
+        path = _path(node)
+        _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES),
+                                       m.ioctl(m.RELATED, posix.FSCTL_GET_REPARSE_POINT, b"", posix.MAX_REPARSE),
+                                       m.close()], path)
+        try:
+            return posix.symlink_target(wire.IoctlResponse.output(body)).encode("utf-8", "surrogateescape")
+        except wire.WireError as e:
+            raise OSError(errno.EINVAL, f"{path}: {e}") from None
 
     async def symlink(self, dir, name, target):
-        raise OSError(errno.EOPNOTSUPP, "SMB without unix extensions has no symlinks")
+        if not self.posix:
+            raise OSError(errno.EOPNOTSUPP, "SMB without unix extensions has no symlinks")
+        try:
+            text = target.decode("utf-8")
+        except UnicodeDecodeError:
+            raise OSError(errno.EINVAL, "SMB names are Unicode: not valid UTF-8") from None
+        return await self._make(_child(dir, name), m.NON_DIRECTORY_FILE, 0o777, posix.symlink_reparse(text))
 
     async def mknod(self, dir, name, mode, rdev):
-        if not stat.S_ISREG(mode):
+        if stat.S_ISREG(mode):
+            return await self._make(_child(dir, name), m.NON_DIRECTORY_FILE, mode)
+        if not self.posix:
             raise OSError(errno.EOPNOTSUPP, "SMB without unix extensions has only files and directories")
-        return await self._make(_child(dir, name), m.NON_DIRECTORY_FILE, mode)
+        if stat.S_IFMT(mode) not in posix.NFS_TYPES:
+            raise OSError(errno.EINVAL, f"no such file type: 0o{stat.S_IFMT(mode):o}")
+        reparse = posix.special_reparse(mode, os.major(rdev), os.minor(rdev))
+        return await self._make(_child(dir, name), m.NON_DIRECTORY_FILE, mode, reparse)
 
     async def mkdir(self, dir, name, mode):
         return await self._make(_child(dir, name), m.DIRECTORY_FILE, mode)
 
-    async def _make(self, path, options, mode):
+    async def _make(self, path, options, mode, reparse=None):
+        """Create a file or directory; with ``reparse``, a symlink or special file (see posix.py)."""
         self._listed.clear()
-        _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES, m.CREATE, options, mode),
-                                       self._query_all(), m.close()], path)
+        if reparse is None:
+            _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES, m.CREATE, options, mode),
+                                           self._query_all(), m.close()], path)
+        else:
+            body = await self._make_reparse_point(path, options, mode, reparse)
         a = self._attributes_in(body)
         return self._node(path, a), self._stat(a)
+
+    async def _make_reparse_point(self, path, options, mode, reparse):
+        """A new file with reparse point ``reparse``, in one round trip; the reply to its query."""
+        (status, body), (set_status, set_body), (_, query), _ = await self._send([
+            self._create(path, m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES | m.WRITE_DATA, m.CREATE, options,
+                         mode),
+            m.ioctl(m.RELATED, posix.FSCTL_SET_REPARSE_POINT, reparse), self._query_all(), m.close()])
+        if status != errors.SUCCESS:
+            raise status_error(status, body, path)
+        if set_status != errors.SUCCESS:
+            await self._delete(path, options)  # not left behind as an empty file
+            raise status_error(set_status, set_body, path)
+        return query
 
     async def link(self, node, dir, name):
         self._listed.clear()

@@ -200,3 +200,67 @@ class FilePosixDirectoryInformation:
             if next_offset < start + name_len - offset or offset + next_offset >= len(data):
                 raise WireError(f"{what}: next entry at {offset}+{next_offset} outside a {len(data)}-byte reply")
             offset += next_offset
+
+
+# -- symlinks and special files ---------------------------------------------------------------------------
+#
+# Samba 4.22 makes neither for an SMB2 client: a POSIX client creates a regular file and sets a reparse
+# point on it (FSCTL_SET_REPARSE_POINT, which smbd keeps in an xattr), and smbd reports its type from
+# the tag: a symlink for IO_REPARSE_TAG_SYMLINK, a FIFO, socket or device for IO_REPARSE_TAG_NFS
+# (smb2_posix.c).  As the Linux cifs client does.  Such a file is opened as itself (OPEN_REPARSE_POINT),
+# never followed by the server.
+
+FSCTL_SET_REPARSE_POINT = 0x000900A4
+FSCTL_GET_REPARSE_POINT = 0x000900A8
+OPEN_REPARSE_POINT = 0x00200000  # create option
+TAG_SYMLINK = 0xA000000C
+TAG_NFS = 0x80000014
+SYMLINK_RELATIVE = 0x1
+_REPARSE = struct.Struct("<IHH")  # MS-FSCC 2.1.2.1: tag, data length, reserved
+_SYMLINK = struct.Struct("<HHHHI")  # 2.1.2.4: substitute name offset and length, print name's, flags
+_NFS_TYPE = struct.Struct("<Q")  # MS-FSCC 2.1.2.6: the type, then its data
+_DEVICE = struct.Struct("<II")  # major, minor
+NFS_TYPES = {stat.S_IFLNK: 0x014B4E4C, stat.S_IFCHR: 0x00524843, stat.S_IFBLK: 0x004B4C42,
+             stat.S_IFIFO: 0x4F464946, stat.S_IFSOCK: 0x4B434F53}  # "LNK", "CHR", "BLK", "FIFO", "SOCK"
+MAX_REPARSE = 16384  # MS-FSCC: a reparse point holds at most 16 KiB
+
+
+def _reparse(tag, data):
+    return _REPARSE.pack(tag, len(data), 0) + data
+
+
+def symlink_reparse(target):
+    """The reparse point of a symlink to ``target`` (str), the name as the link holds it."""
+    name = target.encode("utf-16-le", "surrogatepass")
+    flags = 0 if target.startswith("/") else SYMLINK_RELATIVE
+    return _reparse(TAG_SYMLINK, _SYMLINK.pack(0, len(name), len(name), len(name), flags) + name + name)
+
+
+def special_reparse(mode, major=0, minor=0):
+    """The reparse point of a FIFO, socket or device node (``mode``'s type)."""
+    kind = stat.S_IFMT(mode)
+    data = _NFS_TYPE.pack(NFS_TYPES[kind])
+    if kind in (stat.S_IFCHR, stat.S_IFBLK):
+        data += _DEVICE.pack(major, minor)
+    return _reparse(TAG_NFS, data)
+
+
+def symlink_target(data):
+    """The target (str) of a symlink's reparse point: a SYMLINK one, or an NFS one of type LNK."""
+    tag, length, _ = _unpack(_REPARSE, data, what="reparse point")
+    body = data[_REPARSE.size:_REPARSE.size + length]
+    if len(body) != length:
+        raise WireError(f"reparse point: {length} bytes of data, {len(body)} there")
+    if tag == TAG_SYMLINK:
+        offset, size, _, _, _ = _unpack(_SYMLINK, body, what="symlink reparse point")
+        name = bytes(body[_SYMLINK.size + offset:_SYMLINK.size + offset + size])
+        if len(name) != size or size % 2:
+            raise WireError("symlink reparse point: its name outside it")
+    elif tag == TAG_NFS and _unpack(_NFS_TYPE, body, what="NFS reparse point")[0] == NFS_TYPES[stat.S_IFLNK]:
+        name = bytes(body[_NFS_TYPE.size:])
+        if len(name) % 2:
+            raise WireError("NFS symlink reparse point: half a character")
+    else:
+        raise WireError(f"reparse point of tag 0x{tag:08X}: not a symlink")
+    return name.decode("utf-16-le", "surrogatepass")
+
