@@ -190,3 +190,36 @@ def test_device_nodes_by_root(where, mount_on):
     os.mknod(mnt.path / "disk", stat.S_IFBLK | 0o600, os.makedev(8, 1))
     assert stat.S_ISCHR(os.lstat(mnt.path / "null").st_mode)
     assert stat.S_ISBLK(os.lstat(mnt.path / "disk").st_mode)
+
+
+@pytest.mark.parametrize("where", PLACES)
+def test_unlink_of_an_open_file_frees_its_name_at_once(where, mount_on):
+    mnt = mount_on(where)
+    fd = os.open(mnt.path / "f", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"old")
+        os.unlink(mnt.path / "f")
+        assert os.listdir(mnt.path) == [] and not (mnt.backing / "f").exists()
+        (mnt.path / "f").write_bytes(b"new")
+        assert os.fstat(fd).st_nlink == 0
+        assert os.pread(fd, 3, 0) == b"old"
+        os.pwrite(fd, b"OLD", 0)
+    finally:
+        os.close(fd)
+    assert (mnt.path / "f").read_bytes() == (mnt.backing / "f").read_bytes() == b"new"
+
+
+@pytest.mark.parametrize("where", PLACES)
+def test_rename_over_an_open_file(where, mount_on):
+    mnt = mount_on(where)
+    (mnt.path / "f").write_bytes(b"old")
+    (mnt.path / "g").write_bytes(b"new")
+    fd = os.open(mnt.path / "f", os.O_RDWR)
+    try:
+        os.rename(mnt.path / "g", mnt.path / "f")
+        assert os.pread(fd, 3, 0) == b"old"
+        assert (mnt.path / "f").read_bytes() == (mnt.backing / "f").read_bytes() == b"new"
+        assert sorted(os.listdir(mnt.path)) == ["f"]
+    finally:
+        os.close(fd)
+    assert (mnt.path / "f").read_bytes() == b"new"

@@ -623,10 +623,8 @@ class SMBBackend(Capabilities, Backend):
             return
         replace = not flags & RENAME_NOREPLACE
         await self._close_deferred_below(old, new)
-        move = info.FileRenameInformation(replace, self._wire_path(new)).pack()
         try:
-            await self._call([self._create(old, m.DELETE | m.READ_ATTRIBUTES), m.set_info(info.FILE_RENAME, move),
-                              m.close()], old)
+            await self._rename_on_server(old, new, replace)
         except OSError as e:
             if not replace or status_of(e) not in (errors.OBJECT_NAME_COLLISION, errors.ACCESS_DENIED):
                 raise
@@ -639,10 +637,36 @@ class SMBBackend(Capabilities, Backend):
                 return  # two links to one file: rename does nothing
             if src.is_dir != dst.is_dir:
                 raise OSError(errno.EISDIR if dst.is_dir else errno.ENOTDIR, f"{old} -> {new}") from None
-            raise
+            node = self.nodes.get(new)
+            if not (self.posix and status_of(e) == errors.ACCESS_DENIED and node is not None and node.files):
+                raise
+            await self._replace_open_file(old, new)
         _changed(self.nodes.get(old))
         _unlinked(self.nodes.get(new))  # replaced
         self._moved(old, new)
+
+    async def _rename_on_server(self, old, new, replace):
+        move = info.FileRenameInformation(replace, self._wire_path(new)).pack()
+        await self._call([self._create(old, m.DELETE | m.READ_ATTRIBUTES), m.set_info(info.FILE_RENAME, move),
+                          m.close()], old)
+
+    async def _replace_open_file(self, old, new):
+        """Rename ``old`` over ``new``, which we hold open: smbd refuses a rename over a file its own
+        process has open, even with POSIX semantics (rename_internals_fsp: "Target file open"), and the
+        one process of our connection holds them all.  So ``new`` moves aside, ``old`` takes its name,
+        and the file aside is unlinked: its handles go on, as POSIX wants.  Not atomic: for a moment
+        the name is missing, where POSIX has it always name one file or the other."""
+        parent = new.rpartition("\\")[0]
+        aside = (f"{parent}\\" if parent else "") + f".offloadfs-replaced-{uuid.uuid4().hex}"
+        await self._rename_on_server(new, aside, False)
+        try:
+            await self._rename_on_server(old, new, False)
+        except OSError:
+            await self._rename_on_server(aside, new, False)
+            raise
+        dispose = m.set_info(info.FILE_DISPOSITION, info.FileDispositionInformation().pack())
+        await self._call([self._create(aside, m.DELETE | m.READ_ATTRIBUTES, m.OPEN, m.NON_DIRECTORY_FILE), dispose,
+                          m.close()], aside)
 
     # -- files ----------------------------------------------------------------------
 
