@@ -223,3 +223,16 @@ def test_rename_over_an_open_file(where, mount_on):
     finally:
         os.close(fd)
     assert (mnt.path / "f").read_bytes() == b"new"
+
+
+@pytest.mark.parametrize("where", PLACES[:1])
+def test_names_windows_cannot_hold(where, mount_on):
+    """A POSIX open takes any name but / (and \\, our separator here).  Listings show them as they are
+    only where the share has `mangled names = no`: else smbd lists them as 8.3 names, POSIX client
+    or not (smbd_dirptr_lanman2_match_fn)."""
+    mnt = mount_on(where)
+    names = ["a:b", "what?", "<tag>", 'say "hi"', "pipe|d", "star*", "tab\tname"]
+    for name in names:
+        (mnt.path / name).write_text(name)
+    assert sorted(os.listdir(mnt.path)) == sorted(os.listdir(mnt.backing)) == sorted(names)
+    assert all((mnt.backing / name).read_text() == name for name in names)

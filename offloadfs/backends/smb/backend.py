@@ -50,7 +50,8 @@ LIST_MAX_BYTES = 1 << 29  # of replies: a million entries with names of 255 UTF-
 # server handles one while the next crosses the link (1 Gbit lab: sequential 8 MiB writes 65 -> 104 MB/s).
 PIECE = 1 << 20
 LISTED_FOR = 1.0  # seconds a directory listing answers lookups (READDIRPLUS looks up every entry)
-# What an SMB name cannot hold: a path separator, a stream name, wildcards, control characters
+# What an SMB name cannot hold: a path separator, a stream name, wildcards, control characters (a POSIX
+# open takes them all but / and NUL; \ is our separator in paths, so not that either)
 BAD_NAME = re.compile(r'[\\:*?"<>|\x00-\x1f]')
 # Longest share path we make, in UTF-8 bytes (not characters: 2-byte ones fail at the same byte count): Samba
 # 4.17 creates directories deeper than this but answers their rmdir with OBJECT_NAME_INVALID (PATH_MAX, 4096
@@ -336,6 +337,22 @@ class SMBBackend(Capabilities, Backend):
                     blocks=(a.allocation + 511) // 512, blksize=1 << 20, atime_ns=a.atime_ns, mtime_ns=a.mtime_ns,
                     ctime_ns=ctime_ns)
 
+    def _child(self, dir, name):
+        """The share path of ``name`` in ``dir``; names SMB cannot hold are EINVAL, never another path."""
+        try:
+            text = name.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            raise OSError(errno.EINVAL, "SMB names are Unicode: not valid UTF-8") from None
+        if self.posix and ("\\" in text or "\0" in text):
+            raise OSError(errno.EINVAL, "SMB names here cannot hold \\ or NUL")
+        if not self.posix and BAD_NAME.search(text):
+            raise OSError(errno.EINVAL, 'SMB names cannot hold \\ : * ? " < > | or control characters')
+        parent = _path(dir)
+        path = f"{parent}\\{text}" if parent else text
+        if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH:
+            raise OSError(errno.ENAMETOOLONG, f"SMB paths here end at {MAX_PATH} bytes")
+        return path
+
     async def _stat_path(self, path):
         _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES), self._query_all(), m.close()], path)
         return self._attributes_in(body)
@@ -375,7 +392,7 @@ class SMBBackend(Capabilities, Backend):
         return e.strerror
 
     async def lookup(self, dir, name):
-        path = _child(dir, name)
+        path = self._child(dir, name)
         try:
             a = await self._attributes(path)
         except FileNotFoundError:
@@ -540,20 +557,20 @@ class SMBBackend(Capabilities, Backend):
             text = target.decode("utf-8")
         except UnicodeDecodeError:
             raise OSError(errno.EINVAL, "SMB names are Unicode: not valid UTF-8") from None
-        return await self._make(_child(dir, name), m.NON_DIRECTORY_FILE, 0o777, posix.symlink_reparse(text))
+        return await self._make(self._child(dir, name), m.NON_DIRECTORY_FILE, 0o777, posix.symlink_reparse(text))
 
     async def mknod(self, dir, name, mode, rdev):
         if stat.S_ISREG(mode):
-            return await self._make(_child(dir, name), m.NON_DIRECTORY_FILE, mode)
+            return await self._make(self._child(dir, name), m.NON_DIRECTORY_FILE, mode)
         if not self.posix:
             raise OSError(errno.EOPNOTSUPP, "SMB without unix extensions has only files and directories")
         if stat.S_IFMT(mode) not in posix.NFS_TYPES:
             raise OSError(errno.EINVAL, f"no such file type: 0o{stat.S_IFMT(mode):o}")
         reparse = posix.special_reparse(mode, os.major(rdev), os.minor(rdev))
-        return await self._make(_child(dir, name), m.NON_DIRECTORY_FILE, mode, reparse)
+        return await self._make(self._child(dir, name), m.NON_DIRECTORY_FILE, mode, reparse)
 
     async def mkdir(self, dir, name, mode):
-        return await self._make(_child(dir, name), m.DIRECTORY_FILE, mode)
+        return await self._make(self._child(dir, name), m.DIRECTORY_FILE, mode)
 
     async def _make(self, path, options, mode, reparse=None):
         """Create a file or directory; with ``reparse``, a symlink or special file (see posix.py)."""
@@ -581,7 +598,7 @@ class SMBBackend(Capabilities, Backend):
 
     async def link(self, node, dir, name):
         self._listed.clear()
-        path = _child(dir, name)
+        path = self._child(dir, name)
         link = info.FileRenameInformation(False, self._wire_path(path)).pack()
         _, _, body, _ = await self._call([self._create(_path(node), m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES),
                                           m.set_info(info.FILE_LINK, link), self._query_all(), m.close()], path)
@@ -590,10 +607,10 @@ class SMBBackend(Capabilities, Backend):
         return self._node(path, a), self._stat(a)
 
     async def unlink(self, dir, name):
-        await self._delete(_child(dir, name), m.NON_DIRECTORY_FILE)
+        await self._delete(self._child(dir, name), m.NON_DIRECTORY_FILE)
 
     async def rmdir(self, dir, name):
-        await self._delete(_child(dir, name), m.DIRECTORY_FILE)
+        await self._delete(self._child(dir, name), m.DIRECTORY_FILE)
 
     async def _delete(self, path, options):
         """Delete on close; open handles (ours share delete access) keep working until closed."""
@@ -618,7 +635,7 @@ class SMBBackend(Capabilities, Backend):
         self._listed.clear()
         if flags & ~RENAME_NOREPLACE:
             raise OSError(errno.EINVAL, "SMB renames cannot exchange or leave whiteouts")
-        old, new = _child(dir, name), _child(newdir, newname)
+        old, new = self._child(dir, name), self._child(newdir, newname)
         if old == new:
             return
         replace = not flags & RENAME_NOREPLACE
@@ -691,7 +708,7 @@ class SMBBackend(Capabilities, Backend):
         """SMB opens by name and compares the file id: a node known by this name alone (no other
         to fall back to) fails where it leads elsewhere."""
         try:
-            return list(node.paths) == [_child(dir, name)]
+            return list(node.paths) == [self._child(dir, name)]
         except OSError:
             return False
 
@@ -702,7 +719,7 @@ class SMBBackend(Capabilities, Backend):
 
     async def create(self, dir, name, flags, mode):
         self._listed.clear()
-        path = _child(dir, name)
+        path = self._child(dir, name)
         if flags & os.O_EXCL:
             disposition = m.CREATE
         elif flags & os.O_TRUNC:
@@ -1130,21 +1147,6 @@ def _path(node):
     if node.path is None:
         raise OSError(errno.ENOENT, "removed")
     return node.path
-
-
-def _child(dir, name):
-    """The share path of ``name`` in ``dir``; names SMB cannot hold are EINVAL, never another path."""
-    try:
-        text = name.decode("utf-8", "surrogatepass")
-    except UnicodeDecodeError:
-        raise OSError(errno.EINVAL, "SMB names are Unicode: not valid UTF-8") from None
-    if BAD_NAME.search(text):
-        raise OSError(errno.EINVAL, 'SMB names cannot hold \\ : * ? " < > | or control characters')
-    parent = _path(dir)
-    path = f"{parent}\\{text}" if parent else text
-    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH:
-        raise OSError(errno.ENAMETOOLONG, f"SMB paths here end at {MAX_PATH} bytes")
-    return path
 
 
 def _access(flags):
