@@ -70,10 +70,12 @@ max log size = 0
 
 # What a 4.22 server adds to [global]: directory leases (a global parameter; its default, auto, means on
 # without clustering; they need smb2 leases, oplocks and no kernel oplocks, the defaults, and imply strict
-# rename) and the SMB 3.1.1 POSIX extensions, for every share.
+# rename) and the SMB 3.1.1 POSIX extensions, for every share.  Without `mangled names = no` smbd lists
+# names Windows cannot hold (a:b, what?) as 8.3 names, to POSIX clients too.
 POSIX_GLOBAL = """\
 smb3 directory leases = yes
 smb3 unix extensions = yes
+mangled names = no
 """
 
 SHARE = """
