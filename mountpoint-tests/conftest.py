@@ -185,6 +185,7 @@ def mount_on(request, backing):
                 for lab in labs:
                     lab.wait_closed(path)
 
-            return Mount(mountpoint, path, smbkit.CANNOT, smbkit.TIME_STEP_NS, wait_closed)
+            cannot = smbkit.POSIX_CANNOT if smb == {"smb422"} else smbkit.CANNOT
+            return Mount(mountpoint, path, cannot, smbkit.TIME_STEP_NS, wait_closed)
 
         yield make

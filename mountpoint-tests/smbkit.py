@@ -33,6 +33,17 @@ CANNOT = {
     "posix_acl": "SMB has no POSIX ACLs or security labels",
 }
 
+# What a mount of a share with SMB 3.1.1 POSIX extensions (Samba 4.22) cannot do: it has symlinks,
+# special files, modes and owners, but the first two only as SMB clients see them (test_mp_smb_posix).
+_REPARSE = ("Samba 4.22 keeps a POSIX client's {} as files with a reparse point: the server's own tools "
+            "see regular files")
+POSIX_CANNOT = {
+    "symlink": _REPARSE.format("symlinks"),
+    "mknod": _REPARSE.format("FIFOs and device nodes"),
+    "setid": "Samba 4.22 sets no setuid, setgid or sticky bit from an SMB client",
+    "posix_acl": CANNOT["posix_acl"],
+}
+
 # SMB timestamps count 100 ns steps.
 TIME_STEP_NS = 100
 

@@ -260,7 +260,7 @@ def test_directories(mnt):
 
 
 def test_chmod_chown(mnt):
-    mnt.need("chmod", "chown")
+    mnt.need("chmod", "chown", "setid")
     f = mnt.path / "f"
     f.write_bytes(b"data")
     os.chmod(f, 0o4710)
