@@ -11,6 +11,7 @@ import stat
 import subprocess
 
 import pytest
+from mpkit import MiB, sha256, write_file
 
 from offloadfs.lab.mount import MountError
 
@@ -237,3 +238,17 @@ def test_names_windows_cannot_hold(where, mount_on):
         (mnt.path / name).write_text(name)
     assert sorted(os.listdir(mnt.path)) == sorted(os.listdir(mnt.backing)) == sorted(names)
     assert all((mnt.backing / name).read_text() == name for name in names)
+
+
+@pytest.mark.parametrize("where,method", [("smb422-btrfs", "clone"), ("smb422-xfs", "server_copy")])
+def test_cp_in_a_posix_share_is_done_by_the_server(where, method, mount_on):
+    mnt = mount_on(where)
+    digest = write_file(mnt.backing / "big", 64 * MiB)
+    os.chmod(mnt.backing / "big", 0o640)
+    subprocess.run(["cp", "-p", mnt.path / "big", mnt.path / "copy"], check=True)
+    assert mnt.counters()["copy_bytes"].get(method) == 64 * MiB, mnt.counters()
+    assert sha256(mnt.backing / "copy") == digest
+    assert mode(mnt.backing / "copy") == 0o640
+    if method == "clone":
+        flags = subprocess.run(["filefrag", "-v", mnt.backing / "copy"], capture_output=True, text=True).stdout
+        assert "shared" in flags
