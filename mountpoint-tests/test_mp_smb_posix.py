@@ -72,6 +72,13 @@ def test_names_differing_in_case_are_different_files(where, mount_on):
 
 
 @pytest.mark.parametrize("where", PLACES[:1])
+def test_status_says_whether_they_are_on(where, mount_on):
+    assert mount_on(where).counters()["smb_posix_sources"] == 1
+    assert mount_on(where, ["posix"]).counters()["smb_posix_sources"] == 1
+    assert mount_on(where, ["noposix"]).counters()["smb_posix_sources"] == 0
+
+
+@pytest.mark.parametrize("where", PLACES[:1])
 def test_noposix_shows_what_a_server_without_them_would(where, mount_on):
     mnt = mount_on(where, ["noposix"])
     (mnt.backing / "theirs").write_text("x")
