@@ -259,3 +259,22 @@ def test_cp_in_a_posix_share_is_done_by_the_server(where, method, mount_on):
     if method == "clone":
         flags = subprocess.run(["filefrag", "-v", mnt.backing / "copy"], capture_output=True, text=True).stdout
         assert "shared" in flags
+
+
+@pytest.mark.parametrize("where", PLACES[:1])
+def test_what_a_user_makes_is_theirs(where, mount_on):
+    """The share forces root as the user files are made as; through an allow_other mount they
+    belong to whoever made them, with the group of a setgid directory they are made in."""
+    mnt = mount_on(where, ["allow_other"])
+    os.chmod(mnt.path, 0o777)
+    (mnt.backing / "shared").mkdir(mode=0o777)
+    os.chown(mnt.backing / "shared", 0, 4242)
+    os.chmod(mnt.backing / "shared", 0o2777)
+    script = "set -e; touch f; mkdir d; ln -s f l; mkfifo p; touch shared/g; mkdir shared/e"
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65533", "--clear-groups", "sh", "-c", script],
+                          cwd=mnt.path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for name, group in [("f", 65533), ("d", 65533), ("l", 65533), ("p", 65533), ("shared/g", 4242),
+                        ("shared/e", 4242)]:
+        st, server = os.lstat(mnt.path / name), os.lstat(mnt.backing / name)
+        assert (st.st_uid, st.st_gid) == (server.st_uid, server.st_gid) == (65534, group), name

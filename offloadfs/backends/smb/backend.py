@@ -31,7 +31,7 @@ from smbprotocol import Dialects
 from smbprotocol.file_info import InfoType
 
 from .. import SourceError
-from ..base import NOW, Backend, DirItem, FsStat, Stat, user_xattr
+from ..base import CALLER, NOW, Backend, DirItem, FsStat, Stat, user_xattr
 from . import errors, info, leases, messages as m, posix, url, wire
 from .capabilities import Capabilities, CopyLimits
 from ..parallel import together
@@ -93,7 +93,7 @@ class File:
     them; ``lease``: the lease it was opened under (None: a directory).
     """
     __slots__ = ("backend", "node", "access", "file_id", "generation", "create_guid", "lost", "sparse",
-                 "resume_key", "key_generation", "attributes", "lease")
+                 "resume_key", "key_generation", "attributes", "lease", "created")
 
     def __init__(self, backend, node, access, file_id, generation):
         self.backend = backend
@@ -108,6 +108,7 @@ class File:
         self.key_generation = 0
         self.attributes = None
         self.lease = None
+        self.created = False  # the open created the file
 
 
 class SMBBackend(Capabilities, Backend):
@@ -471,7 +472,8 @@ class SMBBackend(Capabilities, Backend):
         """
         self._listed.clear()
         if self.posix and (mode, uid, gid) != (None, None, None):
-            await self._set_owner_and_mode(node, uid, gid, mode)
+            await self._set_owner_and_mode(_path(node), uid, gid, mode)
+            node.changed()
             if (size, atime_ns, mtime_ns) == (None, None, None):
                 return await self.getattr(node, file)
             mode = None
@@ -509,18 +511,33 @@ class SMBBackend(Capabilities, Backend):
                                    m.close()], path)
         return self._stat(self._attributes_in(bodies[-2]))
 
-    async def _set_owner_and_mode(self, node, uid, gid, mode):
-        """chown and chmod with POSIX extensions: a security descriptor as Samba takes it (posix.py)."""
+    async def _set_owner_and_mode(self, path, uid, gid, mode):
+        """chown and chmod with POSIX extensions: a security descriptor as Samba takes it (posix.py); the
+        attributes after."""
         if mode is not None and stat.S_IMODE(mode) & ~posix.SETTABLE_MODE:
             raise OSError(errno.EPERM, "Samba sets no setuid, setgid or sticky bit from an SMB client")
         sd, parts = posix.security_descriptor(uid, gid, mode)
         access = (m.WRITE_DAC if parts & posix.DACL else 0) | (m.WRITE_OWNER if parts & ~posix.DACL else 0)
-        path = _path(node)
         await self._close_deferred_below(path)
-        await self._call([self._create(path, m.READ_ATTRIBUTES | access),
-                          m.set_info(0, sd, info_type=InfoType.SMB2_0_INFO_SECURITY, additional=parts), m.close()],
-                         path)
-        node.changed()
+        _, _, body, _ = await self._call([
+            self._create(path, m.READ_ATTRIBUTES | access),
+            m.set_info(0, sd, info_type=InfoType.SMB2_0_INFO_SECURITY, additional=parts), self._query_all(),
+            m.close()], path)
+        return self._attributes_in(body)
+
+    async def _give_to_caller(self, path, dir, a):
+        """The attributes of ``path``, which we just created as ``a``, made the caller's: new entries belong
+        to the user who made them, as on a local filesystem, where the server made them as the share's
+        user (root where the share forces it).  Their group is the caller's, or the directory's where it
+        is setgid.  Only for callers other than root (allow_other mounts): one round trip more, two under
+        a setgid directory, which only its listing tells apart."""
+        caller = CALLER.get()
+        if not self.posix or caller.uid == 0 or (a.uid, a.gid) == (caller.uid, caller.gid):
+            return a
+        gid = caller.gid
+        if dir.path is not None and (await self._stat_path(dir.path)).mode & stat.S_ISGID:
+            gid = None
+        return await self._set_owner_and_mode(path, caller.uid, gid, None)
 
     @staticmethod
     async def _borrowing(file, node, files, use):
@@ -557,30 +574,31 @@ class SMBBackend(Capabilities, Backend):
             text = target.decode("utf-8")
         except UnicodeDecodeError:
             raise OSError(errno.EINVAL, "SMB names are Unicode: not valid UTF-8") from None
-        return await self._make(self._child(dir, name), m.NON_DIRECTORY_FILE, 0o777, posix.symlink_reparse(text))
+        return await self._make(dir, name, m.NON_DIRECTORY_FILE, 0o777, posix.symlink_reparse(text))
 
     async def mknod(self, dir, name, mode, rdev):
         if stat.S_ISREG(mode):
-            return await self._make(self._child(dir, name), m.NON_DIRECTORY_FILE, mode)
+            return await self._make(dir, name, m.NON_DIRECTORY_FILE, mode)
         if not self.posix:
             raise OSError(errno.EOPNOTSUPP, "SMB without unix extensions has only files and directories")
         if stat.S_IFMT(mode) not in posix.NFS_TYPES:
             raise OSError(errno.EINVAL, f"no such file type: 0o{stat.S_IFMT(mode):o}")
         reparse = posix.special_reparse(mode, os.major(rdev), os.minor(rdev))
-        return await self._make(self._child(dir, name), m.NON_DIRECTORY_FILE, mode, reparse)
+        return await self._make(dir, name, m.NON_DIRECTORY_FILE, mode, reparse)
 
     async def mkdir(self, dir, name, mode):
-        return await self._make(self._child(dir, name), m.DIRECTORY_FILE, mode)
+        return await self._make(dir, name, m.DIRECTORY_FILE, mode)
 
-    async def _make(self, path, options, mode, reparse=None):
+    async def _make(self, dir, name, options, mode, reparse=None):
         """Create a file or directory; with ``reparse``, a symlink or special file (see posix.py)."""
         self._listed.clear()
+        path = self._child(dir, name)
         if reparse is None:
             _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES, m.CREATE, options, mode),
                                            self._query_all(), m.close()], path)
         else:
             body = await self._make_reparse_point(path, options, mode, reparse)
-        a = self._attributes_in(body)
+        a = await self._give_to_caller(path, dir, self._attributes_in(body))
         return self._node(path, a), self._stat(a)
 
     async def _make_reparse_point(self, path, options, mode, reparse):
@@ -729,6 +747,8 @@ class SMBBackend(Capabilities, Backend):
         known = self.nodes.get(path)
         file, a = await self._open(None, path, _access(flags), disposition, m.NON_DIRECTORY_FILE, mode=mode,
                                    lease=self._lease_of(known) if known is not None and not known.is_dir else None)
+        if file.created:
+            a = await self._give_to_caller(path, dir, a)
         file.node = self._node(path, a)
         file.node.files.append(file)
         if file.node.lease is None:
@@ -789,6 +809,7 @@ class SMBBackend(Capabilities, Backend):
             if status != errors.SUCCESS:
                 raise status_error(status, body, path)
             file = File(self, node, access, created.file_id, generation)
+            file.created = created.create_action == m.FILE_CREATED
             file.lease = lease
             if reconnect is not None or m.DURABLE_V2 in created.contexts:
                 file.create_guid = guid  # a reconnect names no context in its reply

@@ -36,6 +36,8 @@ OPEN_IF = 3
 OVERWRITE = 4
 OVERWRITE_IF = 5
 
+FILE_CREATED = 2  # a CREATE response's CreateAction (2.2.14): the open made the file
+
 # Create options.
 DIRECTORY_FILE = 0x00000001
 NON_DIRECTORY_FILE = 0x00000040
