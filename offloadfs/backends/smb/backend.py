@@ -529,8 +529,8 @@ class SMBBackend(Capabilities, Backend):
         """The attributes of ``path``, which we just created as ``a``, made the caller's: new entries belong
         to the user who made them, as on a local filesystem, where the server made them as the share's
         user (root where the share forces it).  Their group is the caller's, or the directory's where it
-        is setgid.  Only for callers other than root (allow_other mounts): one round trip more, two under
-        a setgid directory, which only its listing tells apart."""
+        is setgid.  Only for callers other than root (allow_other mounts): two round trips more, one to
+        see whether the directory is setgid, one to set the owner."""
         caller = CALLER.get()
         if not self.posix or caller.uid == 0 or (a.uid, a.gid) == (caller.uid, caller.gid):
             return a
