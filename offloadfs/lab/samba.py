@@ -141,10 +141,14 @@ class Samba:
 
     @property
     def env(self):
-        """The environment its programs run with (None: this process's)."""
-        if self.installed:
-            return None
-        return {**os.environ, "LD_LIBRARY_PATH": str(self.root / "usr/lib/x86_64-linux-gnu")}
+        """The environment its programs run with.  _NO_WINBINDD: never ask a winbindd, which the lab's
+        servers do not run: libwbclient finds one by a fixed socket path, whatever smb.conf says, and a
+        winbindd there (the lab's AD DC runs one) maps the lab user's SID to a uid no account has, and
+        every logon fails."""
+        env = {**os.environ, "_NO_WINBINDD": "1"}
+        if not self.installed:
+            env["LD_LIBRARY_PATH"] = str(self.root / "usr/lib/x86_64-linux-gnu")
+        return env
 
     def run(self, name, *args, **kwargs):
         """subprocess.run of its program `name`."""
