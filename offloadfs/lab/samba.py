@@ -41,6 +41,7 @@ STOP_TIMEOUT = 5
 # Where scripts/setup unpacks Samba 4.22 from bookworm-backports (dpkg -x of its packages), beside the
 # installed 4.17: machine-wide like the nfsd guest's cache, so every checkout on the machine finds it.
 SAMBA_422_ROOT = Path("/var/cache/offloadfs-lab/samba-4.22")
+NO_WINBINDD = "/nonexistent/offloadfs-lab-winbindd"  # see Samba.env
 
 GLOBAL = """\
 [global]
@@ -141,11 +142,12 @@ class Samba:
 
     @property
     def env(self):
-        """The environment its programs run with.  _NO_WINBINDD: never ask a winbindd, which the lab's
-        servers do not run: libwbclient finds one by a fixed socket path, whatever smb.conf says, and a
+        """The environment its programs run with.  WINBINDD_SOCKET_DIR: where no winbindd is.  The lab's
+        servers run none, and libwbclient finds one by a fixed socket path whatever smb.conf says: a
         winbindd there (the lab's AD DC runs one) maps the lab user's SID to a uid no account has, and
-        every logon fails."""
-        env = {**os.environ, "_NO_WINBINDD": "1"}
+        every 4.17 logon fails.  (_NO_WINBINDD=1 would do for 4.17, but 4.22 then finds no user to
+        force, NT_STATUS_NO_SUCH_USER at tree connect.)"""
+        env = {**os.environ, "WINBINDD_SOCKET_DIR": NO_WINBINDD}
         if not self.installed:
             env["LD_LIBRARY_PATH"] = str(self.root / "usr/lib/x86_64-linux-gnu")
         return env
