@@ -41,7 +41,6 @@ STOP_TIMEOUT = 5
 # Where scripts/setup unpacks Samba 4.22 from bookworm-backports (dpkg -x of its packages), beside the
 # installed 4.17: machine-wide like the nfsd guest's cache, so every checkout on the machine finds it.
 SAMBA_422_ROOT = Path("/var/cache/offloadfs-lab/samba-4.22")
-NO_WINBINDD = "/nonexistent/offloadfs-lab-winbindd"  # see Samba.env
 
 GLOBAL = """\
 [global]
@@ -122,6 +121,8 @@ class Samba:
     root: Path
     # Whether its shares offer the SMB 3.1.1 POSIX extensions and directory leases (POSIX_GLOBAL).
     posix: bool
+    # Its programs must not ask a winbindd (see env).
+    no_winbindd: bool = False
 
     @property
     def installed(self):
@@ -142,12 +143,14 @@ class Samba:
 
     @property
     def env(self):
-        """The environment its programs run with.  WINBINDD_SOCKET_DIR: where no winbindd is.  The lab's
-        servers run none, and libwbclient finds one by a fixed socket path whatever smb.conf says: a
-        winbindd there (the lab's AD DC runs one) maps the lab user's SID to a uid no account has, and
-        every 4.17 logon fails.  (_NO_WINBINDD=1 would do for 4.17, but 4.22 then finds no user to
-        force, NT_STATUS_NO_SUCH_USER at tree connect.)"""
-        env = {**os.environ, "WINBINDD_SOCKET_DIR": NO_WINBINDD}
+        """The environment its programs run with.
+
+        The lab's servers run no winbindd, but smbd asks one at the fixed path /run/samba/winbindd/pipe
+        (neither smb.conf nor WINBINDD_SOCKET_DIR moves it without nss_wrapper).  With a winbindd there
+        (the lab's AD DC runs one), 4.17 maps the lab user's SID to a uid of that winbindd's range, no
+        account's, and every logon fails (0xC000006D); _NO_WINBINDD=1 keeps it from asking.  4.22 logs
+        on either way, but with _NO_WINBINDD finds no user to force (0xC0000064 at tree connect)."""
+        env = {**os.environ, "_NO_WINBINDD": "1"} if self.no_winbindd else dict(os.environ)
         if not self.installed:
             env["LD_LIBRARY_PATH"] = str(self.root / "usr/lib/x86_64-linux-gnu")
         return env
@@ -157,7 +160,7 @@ class Samba:
         return subprocess.run(self.command(name, *args), env=self.env, **kwargs)
 
 
-SAMBA_417 = Samba("4.17", Path("/"), posix=False)
+SAMBA_417 = Samba("4.17", Path("/"), posix=False, no_winbindd=True)
 SAMBA_422 = Samba("4.22", SAMBA_422_ROOT, posix=True)
 
 
