@@ -6,17 +6,20 @@ durable handles across a lost connection) beside the ext4 one. A test gets a
 fresh directory in a share and both ways to reach it: the smb:// URL it
 mounts, and the server-side directory behind the share, where results are
 checked without going through SMB.
+
+A second lab, of one Samba 4.22 server (offloadfs.lab.samba.SAMBA_422) with a
+btrfs and an xfs share, offers the SMB 3.1.1 POSIX extensions and directory
+leases.
 """
 
 import contextlib
 import json
-import subprocess
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from offloadfs.lab.samba import samba_lab
+from offloadfs.lab.samba import SAMBA_417, samba_lab
 
 KINDS = ("btrfs", "xfs", "ext4")
 
@@ -28,6 +31,17 @@ CANNOT = {
     "chmod": "SMB keeps only the read-only bit of a mode (file_mode=/dir_mode= set the rest)",
     "chown": "SMB without unix extensions has no owners (chown is accepted and ignored)",
     "posix_acl": "SMB has no POSIX ACLs or security labels",
+}
+
+# What a mount of a share with SMB 3.1.1 POSIX extensions (Samba 4.22) cannot do: it has symlinks,
+# special files, modes and owners, but the first two only as SMB clients see them (test_mp_smb_posix).
+_REPARSE = ("Samba 4.22 keeps a POSIX client's {} as files with a reparse point: the server's own tools "
+            "see regular files")
+POSIX_CANNOT = {
+    "symlink": _REPARSE.format("symlinks"),
+    "mknod": _REPARSE.format("FIFOs and device nodes"),
+    "setid": "Samba 4.22 sets no setuid, setgid or sticky bit from an SMB client",
+    "posix_acl": CANNOT["posix_acl"],
 }
 
 # SMB timestamps count 100 ns steps.
@@ -67,15 +81,16 @@ class SmbLab:
     @staticmethod
     def open_files(server):
         """Server-side paths `server` has open, as smbstatus lists them."""
-        out = subprocess.run(["smbstatus", "-s", server.conf, "-L", "-j"], capture_output=True, text=True,
-                             check=True).stdout
+        out = server.samba.run("smbstatus", "-s", server.conf, "-L", "-j", capture_output=True, text=True,
+                               check=True).stdout
         return json.loads(out).get("open_files", {})
 
 
 @contextlib.contextmanager
-def smb_lab(servers=2, kinds=KINDS, rate=None, durable=("ext4",)):
-    """Yield an SmbLab; smbds, namespaces, loop filesystems and the
-    credentials file are gone on exit."""
-    with samba_lab(kinds, rate=rate, servers=servers, durable=durable) as lab, tempfile.TemporaryDirectory() as tmp:
+def smb_lab(servers=2, kinds=KINDS, rate=None, durable=("ext4",), samba=SAMBA_417):
+    """Yield an SmbLab of Samba build `samba`; smbds, namespaces, loop
+    filesystems and the credentials file are gone on exit."""
+    with samba_lab(kinds, rate=rate, servers=servers, durable=durable, samba=samba) as lab, \
+            tempfile.TemporaryDirectory() as tmp:
         credentials = lab.server.write_credentials(Path(tmp, "credentials"))
         yield SmbLab(lab, credentials)

@@ -17,7 +17,7 @@ import sys
 import pytest
 from mpkit import MiB, make_tree, sh, sha256, total_copies, tree_digest, write_file
 
-WHERE = ["local-ext4", "smb-btrfs", "smb-xfs", "smb-ext4", "nfs-ganesha", "nfsd"]
+WHERE = ["local-ext4", "smb-btrfs", "smb-xfs", "smb-ext4", "smb422-btrfs", "smb422-xfs", "nfs-ganesha", "nfsd"]
 
 
 @pytest.fixture(params=WHERE)
@@ -260,7 +260,7 @@ def test_directories(mnt):
 
 
 def test_chmod_chown(mnt):
-    mnt.need("chmod", "chown")
+    mnt.need("chmod", "chown", "setid")
     f = mnt.path / "f"
     f.write_bytes(b"data")
     os.chmod(f, 0o4710)

@@ -796,11 +796,18 @@ async def test_getattr_through_a_handle_closed_meanwhile_asks_by_name(connect):
 
 @pytest.mark.parametrize("name", ["a\\b", "a:b", "a*", "a?", 'a"', "a<", "a>", "a|", "a\x01b", "a\x1f", "\x7f\x00"])
 def test_a_name_smb_cannot_hold_is_refused_before_any_request(name):
+    without, posix = SimpleNamespace(posix=False), SimpleNamespace(posix=True)
     with pytest.raises(OSError) as raised:
-        smb_backend._child(SimpleNamespace(path="dir"), name.encode())
+        smb.SMBBackend._child(without, SimpleNamespace(path="dir"), name.encode())
     assert raised.value.errno == errno.EINVAL
+    if "\\" in name or "\0" in name:
+        with pytest.raises(OSError):
+            smb.SMBBackend._child(posix, SimpleNamespace(path="dir"), name.encode())
+    else:  # a POSIX open takes every name but / and NUL; \\ separates our paths
+        assert smb.SMBBackend._child(posix, SimpleNamespace(path="dir"), name.encode()) == f"dir\\{name}"
 
 
 def test_names_smb_holds_make_paths_below_their_directory():
-    assert smb_backend._child(SimpleNamespace(path="dir"), "a b-c_d.é\x7f".encode()) == "dir\\a b-c_d.é\x7f"
-    assert smb_backend._child(SimpleNamespace(path=""), b"top") == "top"
+    without = SimpleNamespace(posix=False)
+    assert smb.SMBBackend._child(without, SimpleNamespace(path="dir"), "a b-c_d.é\x7f".encode()) == "dir\\a b-c_d.é\x7f"
+    assert smb.SMBBackend._child(without, SimpleNamespace(path=""), b"top") == "top"

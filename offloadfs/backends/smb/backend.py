@@ -28,10 +28,11 @@ import uuid
 
 import trio
 from smbprotocol import Dialects
+from smbprotocol.file_info import InfoType
 
 from .. import SourceError
-from ..base import NOW, Backend, DirItem, FsStat, Stat, user_xattr
-from . import errors, info, leases, messages as m, url, wire
+from ..base import CALLER, NOW, Backend, DirItem, FsStat, Stat, user_xattr
+from . import errors, info, leases, messages as m, posix, url, wire
 from .capabilities import Capabilities, CopyLimits
 from ..parallel import together
 from .client import Client, ConnectionLost
@@ -49,7 +50,8 @@ LIST_MAX_BYTES = 1 << 29  # of replies: a million entries with names of 255 UTF-
 # server handles one while the next crosses the link (1 Gbit lab: sequential 8 MiB writes 65 -> 104 MB/s).
 PIECE = 1 << 20
 LISTED_FOR = 1.0  # seconds a directory listing answers lookups (READDIRPLUS looks up every entry)
-# What an SMB name cannot hold: a path separator, a stream name, wildcards, control characters
+# What an SMB name cannot hold: a path separator, a stream name, wildcards, control characters (a POSIX
+# open takes them all but / and NUL; \ is our separator in paths, so not that either)
 BAD_NAME = re.compile(r'[\\:*?"<>|\x00-\x1f]')
 # Longest share path we make, in UTF-8 bytes (not characters: 2-byte ones fail at the same byte count): Samba
 # 4.17 creates directories deeper than this but answers their rmdir with OBJECT_NAME_INVALID (PATH_MAX, 4096
@@ -91,7 +93,7 @@ class File:
     them; ``lease``: the lease it was opened under (None: a directory).
     """
     __slots__ = ("backend", "node", "access", "file_id", "generation", "create_guid", "lost", "sparse",
-                 "resume_key", "key_generation", "attributes", "lease")
+                 "resume_key", "key_generation", "attributes", "lease", "created")
 
     def __init__(self, backend, node, access, file_id, generation):
         self.backend = backend
@@ -106,6 +108,7 @@ class File:
         self.key_generation = 0
         self.attributes = None
         self.lease = None
+        self.created = False  # the open created the file
 
 
 class SMBBackend(Capabilities, Backend):
@@ -127,6 +130,7 @@ class SMBBackend(Capabilities, Backend):
         self._listed = {}  # path -> (Attributes, expiry) from the last listings; see lookup()
         self.deferred = {}  # Node -> (File, trio.CancelScope of its timer): released, kept open (see release)
         self.requests = collections.Counter()  # command name -> requests sent
+        self.posix = False  # the connection has SMB 3.1.1 POSIX extensions: every open asks for POSIX semantics
         self.round_trips = 0  # requests and compounds sent, each answered before its caller goes on
 
     def shares_server_with(self, other):
@@ -137,7 +141,7 @@ class SMBBackend(Capabilities, Backend):
 
     def counters(self):
         return {"smb_requests": dict(self.requests), "smb_round_trips": self.round_trips,
-                "smb_handles_kept": len(self.deferred)}
+                "smb_handles_kept": len(self.deferred), "smb_posix_sources": int(self.posix)}
 
     async def _send(self, msgs, generation=None):
         """Every request of the backend goes out here (Client.call), counted for status and logged with -o debug:
@@ -216,6 +220,8 @@ class SMBBackend(Capabilities, Backend):
     def _stat(self, a: info.Attributes):
         node = self.by_id.get(a.file_id)
         ctime_ns = max(a.ctime_ns, node.changed_ns) if node is not None else a.ctime_ns
+        if a.mode is not None:
+            return self._posix_stat(a, ctime_ns)
         if a.is_dir:
             mode = stat.S_IFDIR | self.target.dir_mode
         else:
@@ -297,9 +303,60 @@ class SMBBackend(Capabilities, Backend):
                 node.path = moved
             self._name(moved, node)
 
+    # -- POSIX extensions or not: what opens carry and what queries ask for --------------------------
+
+    def _create(self, path, access, disposition=m.OPEN, options=0, mode=0, contexts=(), **kwargs):
+        """A CREATE, with the POSIX create context where the connection has the extensions: Samba answers
+        POSIX information only on such opens.  ``mode``: the permissions of what it creates."""
+        if self.posix:
+            contexts = [*contexts, posix.create_context(mode)]
+            options |= posix.OPEN_REPARSE_POINT
+        return m.create(self._wire_path(path), access, disposition, options, contexts=contexts, **kwargs)
+
+    def _wire_path(self, path):
+        """``path`` as the server takes it: a POSIX open separates names with /, where a \\ is a character
+        (which _child refuses, so paths here keep \\ as their separator)."""
+        return path.replace("\\", "/") if self.posix else path
+
+    def _query_all(self, file_id=m.RELATED):
+        if self.posix:
+            return m.query_info(posix.FILE_POSIX_INFORMATION, file_id, 4096)
+        return _query_all(file_id)
+
+    def _attributes_in(self, body):
+        """The Attributes in a QUERY_INFO response to _query_all."""
+        data = wire.QueryResponse.buffer(body)
+        return posix.FilePosixInformation.unpack(data)[0] if self.posix else info.FileAllInformation.unpack(data)
+
+    def _list_page(self, file_id, flags):
+        return m.query_directory(file_id, posix.FILE_POSIX_INFORMATION if self.posix else info.FILE_ID_BOTH_DIRECTORY,
+                                 flags, LIST_BUFFER)
+
+    @staticmethod
+    def _posix_stat(a: info.Attributes, ctime_ns):
+        return Stat(ino=a.file_id, mode=a.mode, nlink=a.nlink, uid=a.uid, gid=a.gid, size=a.size,
+                    blocks=(a.allocation + 511) // 512, blksize=1 << 20, atime_ns=a.atime_ns, mtime_ns=a.mtime_ns,
+                    ctime_ns=ctime_ns)
+
+    def _child(self, dir, name):
+        """The share path of ``name`` in ``dir``; names SMB cannot hold are EINVAL, never another path."""
+        try:
+            text = name.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            raise OSError(errno.EINVAL, "SMB names are Unicode: not valid UTF-8") from None
+        if self.posix and ("\\" in text or "\0" in text):
+            raise OSError(errno.EINVAL, "SMB names here cannot hold \\ or NUL")
+        if not self.posix and BAD_NAME.search(text):
+            raise OSError(errno.EINVAL, 'SMB names cannot hold \\ : * ? " < > | or control characters')
+        parent = _path(dir)
+        path = f"{parent}\\{text}" if parent else text
+        if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH:
+            raise OSError(errno.ENAMETOOLONG, f"SMB paths here end at {MAX_PATH} bytes")
+        return path
+
     async def _stat_path(self, path):
-        _, body, _ = await self._call([m.create(path, m.READ_ATTRIBUTES), _query_all(), m.close()], path)
-        return info.FileAllInformation.unpack(wire.QueryResponse.buffer(body))
+        _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES), self._query_all(), m.close()], path)
+        return self._attributes_in(body)
 
     async def _size(self, file):
         body = await self._file_call(file, lambda fid: m.query_info(info.FILE_STANDARD, fid, 64))
@@ -311,8 +368,10 @@ class SMBBackend(Capabilities, Backend):
         self.client = Client.shared(self.target)
         path = self.target.path
         try:
+            conn, _ = await self.client.tree_id(self.share)
+            self.posix = conn.posix
             a = await self._stat_path(path)
-            _, body, _ = await self._call([m.create(path, m.READ_ATTRIBUTES), m.query_fs_info(info.FS_ATTRIBUTE),
+            _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES), m.query_fs_info(info.FS_ATTRIBUTE),
                                            m.close()], path)
         except OSError as e:
             await self.client.release()
@@ -334,7 +393,7 @@ class SMBBackend(Capabilities, Backend):
         return e.strerror
 
     async def lookup(self, dir, name):
-        path = _child(dir, name)
+        path = self._child(dir, name)
         try:
             a = await self._attributes(path)
         except FileNotFoundError:
@@ -399,8 +458,8 @@ class SMBBackend(Capabilities, Backend):
         return self._stat(a)
 
     async def _file_attributes(self, file):
-        body = await self._file_call(file, lambda fid: _query_all(fid))
-        return info.FileAllInformation.unpack(wire.QueryResponse.buffer(body))
+        body = await self._file_call(file, self._query_all)
+        return self._attributes_in(body)
 
     async def setattr(self, node, file=None, *, mode=None, uid=None, gid=None, size=None,
                       atime_ns=None, mtime_ns=None):
@@ -412,6 +471,12 @@ class SMBBackend(Capabilities, Backend):
         as the Linux cifs client does, changes go through the writable handles.
         """
         self._listed.clear()
+        if self.posix and (mode, uid, gid) != (None, None, None):
+            await self._set_owner_and_mode(_path(node), uid, gid, mode)
+            node.changed()
+            if (size, atime_ns, mtime_ns) == (None, None, None):
+                return await self.getattr(node, file)
+            mode = None
         files = [file] if file is not None else [f for f in node.files if f.access & m.WRITE_DATA]
         # uid/gid: SMB without unix extensions has no owners to change (mount.cifs ignores them too).
         changes = []
@@ -442,9 +507,37 @@ class SMBBackend(Capabilities, Backend):
         path = _path(node)
         await self._close_deferred_below(path)
         access = m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES | (m.WRITE_DATA if size is not None else 0)
-        bodies = await self._call([m.create(path, access), *(m.set_info(*c) for c in changes), _query_all(), m.close()],
-                                  path)
-        return self._stat(info.FileAllInformation.unpack(wire.QueryResponse.buffer(bodies[-2])))
+        bodies = await self._call([self._create(path, access), *(m.set_info(*c) for c in changes), self._query_all(),
+                                   m.close()], path)
+        return self._stat(self._attributes_in(bodies[-2]))
+
+    async def _set_owner_and_mode(self, path, uid, gid, mode):
+        """chown and chmod with POSIX extensions: a security descriptor as Samba takes it (posix.py); the
+        attributes after."""
+        if mode is not None and stat.S_IMODE(mode) & ~posix.SETTABLE_MODE:
+            raise OSError(errno.EPERM, "Samba sets no setuid, setgid or sticky bit from an SMB client")
+        sd, parts = posix.security_descriptor(uid, gid, mode)
+        access = (m.WRITE_DAC if parts & posix.DACL else 0) | (m.WRITE_OWNER if parts & ~posix.DACL else 0)
+        await self._close_deferred_below(path)
+        _, _, body, _ = await self._call([
+            self._create(path, m.READ_ATTRIBUTES | access),
+            m.set_info(0, sd, info_type=InfoType.SMB2_0_INFO_SECURITY, additional=parts), self._query_all(),
+            m.close()], path)
+        return self._attributes_in(body)
+
+    async def _give_to_caller(self, path, dir, a):
+        """The attributes of ``path``, which we just created as ``a``, made the caller's: new entries belong
+        to the user who made them, as on a local filesystem, where the server made them as the share's
+        user (root where the share forces it).  Their group is the caller's, or the directory's where it
+        is setgid.  Only for callers other than root (allow_other mounts): two round trips more, one to
+        see whether the directory is setgid, one to set the owner."""
+        caller = CALLER.get()
+        if not self.posix or caller.uid == 0 or (a.uid, a.gid) == (caller.uid, caller.gid):
+            return a
+        gid = caller.gid
+        if dir.path is not None and (await self._stat_path(dir.path)).mode & stat.S_ISGID:
+            gid = None
+        return await self._set_owner_and_mode(path, caller.uid, gid, None)
 
     @staticmethod
     async def _borrowing(file, node, files, use):
@@ -463,41 +556,79 @@ class SMBBackend(Capabilities, Backend):
         return result
 
     async def readlink(self, node):
-        raise OSError(errno.EINVAL, "SMB without unix extensions has no symlinks")
+        if not self.posix:
+            raise OSError(errno.EINVAL, "SMB without unix extensions has no symlinks")
+        path = _path(node)
+        _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES),
+                                       m.ioctl(m.RELATED, posix.FSCTL_GET_REPARSE_POINT, b"", posix.MAX_REPARSE),
+                                       m.close()], path)
+        try:
+            return posix.symlink_target(wire.IoctlResponse.output(body)).encode("utf-8", "surrogateescape")
+        except wire.WireError as e:
+            raise OSError(errno.EINVAL, f"{path}: {e}") from None
 
     async def symlink(self, dir, name, target):
-        raise OSError(errno.EOPNOTSUPP, "SMB without unix extensions has no symlinks")
+        if not self.posix:
+            raise OSError(errno.EOPNOTSUPP, "SMB without unix extensions has no symlinks")
+        try:
+            text = target.decode("utf-8")
+        except UnicodeDecodeError:
+            raise OSError(errno.EINVAL, "SMB names are Unicode: not valid UTF-8") from None
+        return await self._make(dir, name, m.NON_DIRECTORY_FILE, 0o777, posix.symlink_reparse(text))
 
     async def mknod(self, dir, name, mode, rdev):
-        if not stat.S_ISREG(mode):
+        if stat.S_ISREG(mode):
+            return await self._make(dir, name, m.NON_DIRECTORY_FILE, mode)
+        if not self.posix:
             raise OSError(errno.EOPNOTSUPP, "SMB without unix extensions has only files and directories")
-        return await self._make(_child(dir, name), m.NON_DIRECTORY_FILE)
+        if stat.S_IFMT(mode) not in posix.NFS_TYPES:
+            raise OSError(errno.EINVAL, f"no such file type: 0o{stat.S_IFMT(mode):o}")
+        reparse = posix.special_reparse(mode, os.major(rdev), os.minor(rdev))
+        return await self._make(dir, name, m.NON_DIRECTORY_FILE, mode, reparse)
 
     async def mkdir(self, dir, name, mode):
-        return await self._make(_child(dir, name), m.DIRECTORY_FILE)
+        return await self._make(dir, name, m.DIRECTORY_FILE, mode)
 
-    async def _make(self, path, options):
+    async def _make(self, dir, name, options, mode, reparse=None):
+        """Create a file or directory; with ``reparse``, a symlink or special file (see posix.py)."""
         self._listed.clear()
-        _, body, _ = await self._call([m.create(path, m.READ_ATTRIBUTES, m.CREATE, options), _query_all(), m.close()],
-                                      path)
-        a = info.FileAllInformation.unpack(wire.QueryResponse.buffer(body))
+        path = self._child(dir, name)
+        if reparse is None:
+            _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES, m.CREATE, options, mode),
+                                           self._query_all(), m.close()], path)
+        else:
+            body = await self._make_reparse_point(path, options, mode, reparse)
+        a = await self._give_to_caller(path, dir, self._attributes_in(body))
         return self._node(path, a), self._stat(a)
+
+    async def _make_reparse_point(self, path, options, mode, reparse):
+        """A new file with reparse point ``reparse``, in one round trip; the reply to its query."""
+        (status, body), (set_status, set_body), (_, query), _ = await self._send([
+            self._create(path, m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES | m.WRITE_DATA, m.CREATE, options,
+                         mode),
+            m.ioctl(m.RELATED, posix.FSCTL_SET_REPARSE_POINT, reparse), self._query_all(), m.close()])
+        if status != errors.SUCCESS:
+            raise status_error(status, body, path)
+        if set_status != errors.SUCCESS:
+            await self._delete(path, options)  # not left behind as an empty file
+            raise status_error(set_status, set_body, path)
+        return query
 
     async def link(self, node, dir, name):
         self._listed.clear()
-        path = _child(dir, name)
-        link = info.FileRenameInformation(False, path).pack()
-        _, _, body, _ = await self._call([m.create(_path(node), m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES),
-                                          m.set_info(info.FILE_LINK, link), _query_all(), m.close()], path)
-        a = info.FileAllInformation.unpack(wire.QueryResponse.buffer(body))
+        path = self._child(dir, name)
+        link = info.FileRenameInformation(False, self._wire_path(path)).pack()
+        _, _, body, _ = await self._call([self._create(_path(node), m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES),
+                                          m.set_info(info.FILE_LINK, link), self._query_all(), m.close()], path)
+        a = self._attributes_in(body)
         node.changed()
         return self._node(path, a), self._stat(a)
 
     async def unlink(self, dir, name):
-        await self._delete(_child(dir, name), m.NON_DIRECTORY_FILE)
+        await self._delete(self._child(dir, name), m.NON_DIRECTORY_FILE)
 
     async def rmdir(self, dir, name):
-        await self._delete(_child(dir, name), m.DIRECTORY_FILE)
+        await self._delete(self._child(dir, name), m.DIRECTORY_FILE)
 
     async def _delete(self, path, options):
         """Delete on close; open handles (ours share delete access) keep working until closed."""
@@ -505,14 +636,15 @@ class SMBBackend(Capabilities, Backend):
         await self._close_deferred_below(path)
         dispose = m.set_info(info.FILE_DISPOSITION, info.FileDispositionInformation().pack())
         try:
-            await self._call([m.create(path, m.DELETE | m.READ_ATTRIBUTES, m.OPEN, options), dispose, m.close()], path)
+            await self._call([self._create(path, m.DELETE | m.READ_ATTRIBUTES, m.OPEN, options), dispose, m.close()],
+                             path)
         except OSError as e:
             if status_of(e) != errors.CANNOT_DELETE:
                 raise
             # Read-only: POSIX unlinks it anyway (the directory decides), so clear the attribute first.
             a = await self._stat_path(path)
             plain = info.FileBasicInformation(attributes=(a.attributes & ~info.ATTR_READONLY) or info.ATTR_NORMAL)
-            await self._call([m.create(path, m.DELETE | m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES, m.OPEN, options),
+            await self._call([self._create(path, m.DELETE | m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES, m.OPEN, options),
                               m.set_info(info.FILE_BASIC, plain.pack()), dispose, m.close()], path)
         _unlinked(self.nodes.get(path))
         self._removed(path)
@@ -521,15 +653,13 @@ class SMBBackend(Capabilities, Backend):
         self._listed.clear()
         if flags & ~RENAME_NOREPLACE:
             raise OSError(errno.EINVAL, "SMB renames cannot exchange or leave whiteouts")
-        old, new = _child(dir, name), _child(newdir, newname)
+        old, new = self._child(dir, name), self._child(newdir, newname)
         if old == new:
             return
         replace = not flags & RENAME_NOREPLACE
         await self._close_deferred_below(old, new)
-        move = info.FileRenameInformation(replace, new).pack()
         try:
-            await self._call([m.create(old, m.DELETE | m.READ_ATTRIBUTES), m.set_info(info.FILE_RENAME, move),
-                              m.close()], old)
+            await self._rename_on_server(old, new, replace)
         except OSError as e:
             if not replace or status_of(e) not in (errors.OBJECT_NAME_COLLISION, errors.ACCESS_DENIED):
                 raise
@@ -542,10 +672,36 @@ class SMBBackend(Capabilities, Backend):
                 return  # two links to one file: rename does nothing
             if src.is_dir != dst.is_dir:
                 raise OSError(errno.EISDIR if dst.is_dir else errno.ENOTDIR, f"{old} -> {new}") from None
-            raise
+            node = self.nodes.get(new)
+            if not (self.posix and status_of(e) == errors.ACCESS_DENIED and node is not None and node.files):
+                raise
+            await self._replace_open_file(old, new)
         _changed(self.nodes.get(old))
         _unlinked(self.nodes.get(new))  # replaced
         self._moved(old, new)
+
+    async def _rename_on_server(self, old, new, replace):
+        move = info.FileRenameInformation(replace, self._wire_path(new)).pack()
+        await self._call([self._create(old, m.DELETE | m.READ_ATTRIBUTES), m.set_info(info.FILE_RENAME, move),
+                          m.close()], old)
+
+    async def _replace_open_file(self, old, new):
+        """Rename ``old`` over ``new``, which we hold open: smbd refuses a rename over a file its own
+        process has open, even with POSIX semantics (rename_internals_fsp: "Target file open"), and the
+        one process of our connection holds them all.  So ``new`` moves aside, ``old`` takes its name,
+        and the file aside is unlinked: its handles go on, as POSIX wants.  Not atomic: for a moment
+        the name is missing, where POSIX has it always name one file or the other."""
+        parent = new.rpartition("\\")[0]
+        aside = (f"{parent}\\" if parent else "") + f".offloadfs-replaced-{uuid.uuid4().hex}"
+        await self._rename_on_server(new, aside, False)
+        try:
+            await self._rename_on_server(old, new, False)
+        except OSError:
+            await self._rename_on_server(aside, new, False)
+            raise
+        dispose = m.set_info(info.FILE_DISPOSITION, info.FileDispositionInformation().pack())
+        await self._call([self._create(aside, m.DELETE | m.READ_ATTRIBUTES, m.OPEN, m.NON_DIRECTORY_FILE), dispose,
+                          m.close()], aside)
 
     # -- files ----------------------------------------------------------------------
 
@@ -570,7 +726,7 @@ class SMBBackend(Capabilities, Backend):
         """SMB opens by name and compares the file id: a node known by this name alone (no other
         to fall back to) fails where it leads elsewhere."""
         try:
-            return list(node.paths) == [_child(dir, name)]
+            return list(node.paths) == [self._child(dir, name)]
         except OSError:
             return False
 
@@ -581,7 +737,7 @@ class SMBBackend(Capabilities, Backend):
 
     async def create(self, dir, name, flags, mode):
         self._listed.clear()
-        path = _child(dir, name)
+        path = self._child(dir, name)
         if flags & os.O_EXCL:
             disposition = m.CREATE
         elif flags & os.O_TRUNC:
@@ -589,8 +745,10 @@ class SMBBackend(Capabilities, Backend):
         else:
             disposition = m.OPEN_IF
         known = self.nodes.get(path)
-        file, a = await self._open(None, path, _access(flags), disposition, m.NON_DIRECTORY_FILE,
+        file, a = await self._open(None, path, _access(flags), disposition, m.NON_DIRECTORY_FILE, mode=mode,
                                    lease=self._lease_of(known) if known is not None and not known.is_dir else None)
+        if file.created:
+            a = await self._give_to_caller(path, dir, a)
         file.node = self._node(path, a)
         file.node.files.append(file)
         if file.node.lease is None:
@@ -599,7 +757,8 @@ class SMBBackend(Capabilities, Backend):
             file.lease.node = file.node
         return file.node, self._stat(a), file
 
-    async def _open(self, node, path, access, disposition, options, reconnect=None, lease=None, retried=False):
+    async def _open(self, node, path, access, disposition, options, reconnect=None, lease=None, retried=False,
+                    mode=0):
         """A File and the attributes of what it opened, in one round trip (with its resume key, if readable).
 
         Files (not directories) are opened under a lease (see leases.py): the
@@ -627,8 +786,8 @@ class SMBBackend(Capabilities, Backend):
         if lease is not None:
             contexts.append(lease.context(conn.dialect >= Dialects.SMB_3_0_0))
             seen = listener.opening(lease)
-        msgs = [m.create(path, access, disposition, options, oplock=m.LEASE if lease else m.NO_OPLOCK,
-                         contexts=contexts), _query_all()]
+        msgs = [self._create(path, access, disposition, options, mode, oplock=m.LEASE if lease else m.NO_OPLOCK,
+                             contexts=contexts), self._query_all()]
         if access & m.READ_DATA and options & m.NON_DIRECTORY_FILE:
             msgs.append(m.resume_key())  # any file we may read may be the source of a server-side copy
         with trio.CancelScope(shield=True):
@@ -646,10 +805,11 @@ class SMBBackend(Capabilities, Backend):
                     listener.opened(lease, created.lease, seen)
             if status == errors.INVALID_PARAMETER and lease is not None and reconnect is None and not retried:
                 return await self._open(node, path, access, disposition, options, lease=leases.Lease(self, node),
-                                        retried=True)
+                                        retried=True, mode=mode)
             if status != errors.SUCCESS:
                 raise status_error(status, body, path)
             file = File(self, node, access, created.file_id, generation)
+            file.created = created.create_action == m.FILE_CREATED
             file.lease = lease
             if reconnect is not None or m.DURABLE_V2 in created.contexts:
                 file.create_guid = guid  # a reconnect names no context in its reply
@@ -659,7 +819,7 @@ class SMBBackend(Capabilities, Backend):
             try:
                 if q_status != errors.SUCCESS:
                     raise status_error(q_status, query, path)
-                a = info.FileAllInformation.unpack(wire.QueryResponse.buffer(query))
+                a = self._attributes_in(query)
             except (OSError, wire.WireError):
                 await self.release(file)
                 raise
@@ -833,21 +993,22 @@ class SMBBackend(Capabilities, Backend):
         the STATUS_NO_MORE_FILES that ends it.  Its handle is closed after the listing is answered."""
         path = _path(node)
         create, queried, *pages = await self._send([
-            m.create(path, m.READ_DATA | m.READ_ATTRIBUTES | m.SYNCHRONIZE, m.OPEN, m.DIRECTORY_FILE),
-            _query_all(),
-            m.query_directory(m.RELATED, info.FILE_ID_BOTH_DIRECTORY, m.RESTART_SCAN, LIST_BUFFER),
-            m.query_directory(m.RELATED, info.FILE_ID_BOTH_DIRECTORY, 0, LIST_BUFFER)])
+            self._create(path, m.READ_DATA | m.READ_ATTRIBUTES | m.SYNCHRONIZE, m.OPEN, m.DIRECTORY_FILE),
+            self._query_all(),
+            self._list_page(m.RELATED, m.RESTART_SCAN),
+            self._list_page(m.RELATED, 0)])
         generation = self.client.generation
         expiry = trio.current_time() + LISTED_FOR
         if create[0] != errors.SUCCESS:
             raise status_error(create[0], what=path)
         fid = wire.CreateResponse.unpack(create[1]).file_id
         items = []
-        seen = _Pages(f"{self.client.where}: listing of {path or 'the share'}")
+        seen = _Pages(f"{self.client.where}: listing of {path or 'the share'}",
+                      posix.FilePosixDirectoryInformation if self.posix else info.FileIdBothDirectoryInformation)
         try:
             if queried[0] != errors.SUCCESS:
                 raise status_error(queried[0], what=path)
-            a = info.FileAllInformation.unpack(wire.QueryResponse.buffer(queried[1]))
+            a = self._attributes_in(queried[1])
             if not _same(node, a):
                 raise OSError(errno.ESTALE, f"{path}: replaced by another directory")
             before = self._stat(a)
@@ -859,12 +1020,12 @@ class SMBBackend(Capabilities, Backend):
                     raise status_error(status, what=path)
                 for name, a in seen.entries(wire.QueryResponse.buffer(body)):
                     if name not in (".", ".."):
-                        items.append(DirItem(name.encode("utf-8", "surrogatepass"), a.file_id, 4 if a.is_dir else 8,
-                                             self._stat(a)))
+                        st = self._stat(a)
+                        items.append(DirItem(name.encode("utf-8", "surrogatepass"), a.file_id, st.mode >> 12, st))
                         self._listed[f"{path}\\{name}" if path else name] = (a, expiry)
                 if not pages:
                     pages = await self._send(
-                        [m.query_directory(fid, info.FILE_ID_BOTH_DIRECTORY, 0, LIST_BUFFER)], generation)
+                        [self._list_page(fid, 0)], generation)
         finally:
             trio.lowlevel.spawn_system_task(self._close_listing, fid, generation)
         return before, items
@@ -879,7 +1040,7 @@ class SMBBackend(Capabilities, Backend):
 
     async def statfs(self, node):
         path = _path(node)
-        _, body, _ = await self._call([m.create(path, m.READ_ATTRIBUTES), m.query_fs_info(info.FS_FULL_SIZE),
+        _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES), m.query_fs_info(info.FS_FULL_SIZE),
                                        m.close()], path)
         s = info.FileFsFullSizeInformation.unpack(wire.QueryResponse.buffer(body))
         unit = s.sectors_per_unit * s.bytes_per_sector or 4096
@@ -893,7 +1054,7 @@ class SMBBackend(Capabilities, Backend):
         path = _path(node)
         query = m.query_info(info.FILE_FULL_EA, output_length=65536, input=info.GetEa(name).pack() if name else b"",
                              flags=0 if name else m.RESTART_SCAN)
-        create, result, _ = await self._send([m.create(path, m.READ_EA | m.READ_ATTRIBUTES), query, m.close()])
+        create, result, _ = await self._send([self._create(path, m.READ_EA | m.READ_ATTRIBUTES), query, m.close()])
         for status, body in (create, result):
             if status == errors.NO_EAS_ON_FILE:
                 return {}
@@ -905,7 +1066,7 @@ class SMBBackend(Capabilities, Backend):
     async def _set_ea(self, node, name, value):
         path = _path(node)
         ea = info.FullEa.pack_list([info.FullEa(name, value)])
-        await self._call([m.create(path, m.WRITE_EA | m.READ_ATTRIBUTES), m.set_info(info.FILE_FULL_EA, ea),
+        await self._call([self._create(path, m.WRITE_EA | m.READ_ATTRIBUTES), m.set_info(info.FILE_FULL_EA, ea),
                           m.close()], path)
 
     def holds_xattr(self, name):
@@ -973,8 +1134,9 @@ class _Pages:
     LIST_MAX_ENTRIES entries.
     """
 
-    def __init__(self, what):
+    def __init__(self, what, layout):
         self.what = what
+        self.layout = layout  # the information class of its entries
         self.seen = set()
         self.size = 0
         self.count = 0
@@ -985,7 +1147,7 @@ class _Pages:
         if digest in self.seen:
             raise self._refuse("the server sent the same page twice")
         self.seen.add(digest)
-        entries = info.FileIdBothDirectoryInformation.unpack_list(page)
+        entries = self.layout.unpack_list(page)
         self.size += len(page)
         self.count += len(entries)
         if self.size > LIST_MAX_BYTES or self.count > LIST_MAX_ENTRIES:
@@ -1006,21 +1168,6 @@ def _path(node):
     if node.path is None:
         raise OSError(errno.ENOENT, "removed")
     return node.path
-
-
-def _child(dir, name):
-    """The share path of ``name`` in ``dir``; names SMB cannot hold are EINVAL, never another path."""
-    try:
-        text = name.decode("utf-8", "surrogatepass")
-    except UnicodeDecodeError:
-        raise OSError(errno.EINVAL, "SMB names are Unicode: not valid UTF-8") from None
-    if BAD_NAME.search(text):
-        raise OSError(errno.EINVAL, 'SMB names cannot hold \\ : * ? " < > | or control characters')
-    parent = _path(dir)
-    path = f"{parent}\\{text}" if parent else text
-    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH:
-        raise OSError(errno.ENAMETOOLONG, f"SMB paths here end at {MAX_PATH} bytes")
-    return path
 
 
 def _access(flags):

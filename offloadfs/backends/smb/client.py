@@ -161,7 +161,7 @@ class Client:
         """The Client for this server, user and security; one per trio run."""
         t = target
         key = (trio.lowlevel.current_trio_token(), t.host, t.port, t.username, t.domain, t.password, t.dialect,
-               t.seal)
+               t.seal, t.posix)
         client = cls._shared.get(key)
         if client is None:
             client = cls._shared[key] = cls(target, key)
@@ -185,6 +185,7 @@ class Client:
         self.conn = None
         self.trees = {}
         conn = GuardedConnection(self.guid, self.target.host, self.target.port, require_signing=True)
+        conn.want_posix = self.target.posix is not False
         try:
             session = await self._blocking(conn, self._connect_sync, conn)
         except BaseException:
@@ -195,8 +196,9 @@ class Client:
         self.leases = leases.Listener(self, conn)
         self.io_size = min(conn.max_read_size, conn.max_write_size,
                            max(CREDIT_SIZE, self._window(conn) // 4 * CREDIT_SIZE))
-        self._log_connected("connected to %s as %s: dialect 0x%x, %d credits, %d-byte I/O", self.where,
-                            self.target.username, conn.dialect, self._window(conn), self.io_size)
+        self._log_connected("connected to %s as %s: dialect 0x%x, %d credits, %d-byte I/O%s", self.where,
+                            self.target.username, conn.dialect, self._window(conn), self.io_size,
+                            ", POSIX extensions" if conn.posix else "")
 
     def _connect_sync(self, conn):
         t = self.target
@@ -208,6 +210,9 @@ class Client:
             raise self._setup_failed("negotiate", e) from None
         except Exception as e:
             raise self._setup_failed("negotiate", e) from None
+        if t.posix and not conn.posix:
+            raise ConnectionLost(f"{self.where} does not offer SMB 3.1.1 POSIX extensions (-o posix; Samba 4.22 "
+                                 "and later offer them with smb3 unix extensions = yes)")
         sizes = {"read": conn.max_read_size, "write": conn.max_write_size, "transaction": conn.max_transact_size}
         for what, size in sizes.items():
             if size < MIN_IO_SIZE:

@@ -27,7 +27,7 @@ from smbprotocol.exceptions import SMBConnectionClosed, SMBException
 from smbprotocol.header import SMB2HeaderResponse, Smb2Flags
 from smbprotocol.transport import Tcp
 
-from . import errors, leases, messages
+from . import errors, leases, messages, posix
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,16 @@ class GuardedConnection(Connection):
     what the server may send are refused before anything is allocated.
     """
 
+    want_posix = False  # ask for SMB 3.1.1 POSIX extensions (posix.py); ``posix``: whether the server offers them
+    posix = False
+
+    def send(self, message, *args, **kwargs):
+        """smbprotocol's send, with the POSIX negotiate context added to its 3.1.1 NEGOTIATE where wanted."""
+        negotiate = message.COMMAND == Commands.SMB2_NEGOTIATE and "negotiate_context_list" in message.fields
+        if self.want_posix and negotiate:
+            message = messages.Request(Commands.SMB2_NEGOTIATE, posix.with_negotiate_context(message.pack()))
+        return super().send(message, *args, **kwargs)
+
     def _calculate_credit_charge(self, message):
         """smbprotocol's charge, for the requests messages.py packs (3.2.4.1.5)."""
         if not isinstance(message, messages.Request):
@@ -292,11 +302,14 @@ class GuardedConnection(Connection):
             response = Reply(status, mid, b[HEADER_SIZE:] if command == Commands.SMB2_READ else bytes(b[HEADER_SIZE:]))
         else:
             b = bytes(b)
+            if sent == Commands.SMB2_NEGOTIATE:
+                self.preauth_integrity_hash_value.append(b)  # as it came, with any POSIX context
+                if self.want_posix and status == errors.SUCCESS:
+                    self.posix, body = posix.split_negotiate_reply(b[HEADER_SIZE:])
+                    b = b[:HEADER_SIZE] + body
             response = SMB2HeaderResponse()
             response.unpack(b)
-            if sent == Commands.SMB2_NEGOTIATE:
-                self.preauth_integrity_hash_value.append(b)
-            elif sent == Commands.SMB2_SESSION_SETUP and status == errors.MORE_PROCESSING_REQUIRED:
+            if sent == Commands.SMB2_SESSION_SETUP and status == errors.MORE_PROCESSING_REQUIRED:
                 self.preauth_integrity_session_hash_value[mid].append(b)
             elif sent == Commands.SMB2_SESSION_SETUP and status == errors.SUCCESS:
                 self.logon_reply = response  # for Client._connect_sync to verify once the session has keys

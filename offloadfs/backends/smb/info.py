@@ -50,6 +50,11 @@ class Attributes:
     ctime_ns: int
     btime_ns: int  # creation; made up (and moving) for files Samba did not create, so checked only on reopen
     delete_pending: bool = False  # unlinked, and gone once its last handle closes (FileAllInformation only)
+    # From POSIX information (posix.py) only: the whole st_mode, the reparse tag, the owner and group.
+    mode: int | None = None
+    reparse_tag: int = 0
+    uid: int | None = None
+    gid: int | None = None
 
     @property
     def is_dir(self):

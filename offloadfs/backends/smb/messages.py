@@ -23,6 +23,8 @@ WRITE_EA = 0x00000010
 READ_ATTRIBUTES = 0x00000080
 WRITE_ATTRIBUTES = 0x00000100
 DELETE = 0x00010000
+WRITE_DAC = 0x00040000
+WRITE_OWNER = 0x00080000
 SYNCHRONIZE = 0x00100000
 READ = READ_DATA | READ_EA | READ_ATTRIBUTES | SYNCHRONIZE
 WRITE = WRITE_DATA | APPEND_DATA | WRITE_EA | WRITE_ATTRIBUTES | SYNCHRONIZE
@@ -33,6 +35,8 @@ CREATE = 2
 OPEN_IF = 3
 OVERWRITE = 4
 OVERWRITE_IF = 5
+
+FILE_CREATED = 2  # a CREATE response's CreateAction (2.2.14): the open made the file
 
 # Create options.
 DIRECTORY_FILE = 0x00000001
@@ -184,8 +188,9 @@ def query_fs_info(info_class, file_id=RELATED):
     return query_info(info_class, file_id, 4096, InfoType.SMB2_0_INFO_FILESYSTEM)
 
 
-def set_info(info_class, buffer, file_id=RELATED):
-    fixed = _SET_INFO.pack(33, InfoType.SMB2_0_INFO_FILE, info_class, len(buffer), _HEADER + _SET_INFO.size, 0, 0,
+def set_info(info_class, buffer, file_id=RELATED, info_type=InfoType.SMB2_0_INFO_FILE, additional=0):
+    """``additional``: for a security descriptor, which of its parts to set (2.2.39 AdditionalInformation)."""
+    fixed = _SET_INFO.pack(33, info_type, info_class, len(buffer), _HEADER + _SET_INFO.size, 0, additional,
                            file_id)
     return Request(Commands.SMB2_SET_INFO, fixed + buffer)
 

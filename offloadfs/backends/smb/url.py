@@ -16,7 +16,7 @@ from smbprotocol.connection import Dialects
 from .. import SourceError
 
 OPTIONS = frozenset({"credentials", "username", "domain", "file_mode", "dir_mode", "seal", "vers", "port",
-                     "closetimeo"})
+                     "closetimeo", "posix", "noposix"})
 # mount.cifs options we take in another form
 _PASSWORD_HINT = "the password goes in a credentials=FILE (a password= line, mode 0600) or in $PASSWD"
 HINTS = {"user": "use username=NAME", "password": _PASSWORD_HINT, "pass": _PASSWORD_HINT}
@@ -50,6 +50,7 @@ class Target:
     file_mode: int
     dir_mode: int
     close_after: int  # closetimeo=: seconds a released read-only handle under a lease stays open (SMBBackend.release)
+    posix: bool | None  # SMB 3.1.1 POSIX extensions: -o posix (required), -o noposix (never), else where offered
 
     @property
     def unc(self):
@@ -101,13 +102,27 @@ def parse(url, options, environ=os.environ):
         raise ValueError("seal takes no value")
     if seal and DIALECTS[vers] is not None and DIALECTS[vers] < Dialects.SMB_3_0_0:
         raise ValueError(f"seal needs SMB 3 (vers={vers} has no encryption)")
+    posix = _posix(options, DIALECTS[vers])
     close_after = _number(options, "closetimeo", 10)
     if close_after is not None and close_after < 0:
         raise ValueError(f"closetimeo={close_after}: seconds, 0 or more")
     return Target(host=host, port=port, share=names[0], path="\\".join(names[1:]), username=user,
                   domain=domain or "", password=password, dialect=DIALECTS[vers], seal=seal,
                   file_mode=_mode(options, "file_mode", 0o755), dir_mode=_mode(options, "dir_mode", 0o755),
-                  close_after=close_after or 0)
+                  close_after=close_after or 0, posix=posix)
+
+
+def _posix(options, dialect):
+    """-o posix: True, -o noposix: False, neither: None (used where the server offers them)."""
+    given = {name: options.get(name, False) for name in ("posix", "noposix")}
+    for name, value in given.items():
+        if value is not True and value is not False:
+            raise ValueError(f"{name} takes no value")
+    if all(given.values()):
+        raise ValueError("posix and noposix: choose one")
+    if given["posix"] and dialect is not None and dialect < Dialects.SMB_3_1_1:
+        raise ValueError("posix needs SMB 3.1.1 (vers=3.1.1 or the default)")
+    return True if given["posix"] else False if given["noposix"] else None
 
 
 def read_credentials(path):
