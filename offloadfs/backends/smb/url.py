@@ -14,9 +14,10 @@ from urllib.parse import unquote, urlsplit
 from smbprotocol.connection import Dialects
 
 from .. import SourceError
+from . import auth
 
 OPTIONS = frozenset({"credentials", "username", "domain", "file_mode", "dir_mode", "seal", "vers", "port",
-                     "closetimeo"})
+                     "closetimeo", "sec", "cruid", "keytab"})
 # mount.cifs options we take in another form
 _PASSWORD_HINT = "the password goes in a credentials=FILE (a password= line, mode 0600) or in $PASSWD"
 HINTS = {"user": "use username=NAME", "password": _PASSWORD_HINT, "pass": _PASSWORD_HINT}
@@ -44,12 +45,15 @@ class Target:
     path: str  # inside the share, backslash-separated; "" is the share's root
     username: str
     domain: str
-    password: str = field(repr=False)
+    password: str | None = field(repr=False)
     dialect: int | None  # None: the newest both sides speak
     seal: bool
     file_mode: int
     dir_mode: int
     close_after: int  # closetimeo=: seconds a released read-only handle under a lease stays open (SMBBackend.release)
+    sec: str = "ntlmssp"  # "krb5" or "ntlmssp" (auth.SECURITY)
+    ccache: str | None = None  # the Kerberos credential cache ("TYPE:residual"); None: the library's default
+    keytab: str | None = None  # keytab= : log on as the principal in username= with its key, no cache
 
     @property
     def unc(self):
@@ -84,11 +88,11 @@ def parse(url, options, environ=os.environ):
     creds = read_credentials(options["credentials"]) if "credentials" in options else {}
     user = _one_of("user name", user, _text(options, "username"), creds.get("username"))
     domain = _one_of("domain", domain, _text(options, "domain"), creds.get("domain"))
-    if not user:
-        raise ValueError("no user name: give smb://user@host/share, -o username= or a credentials file")
     password = creds.get("password", environ.get("PASSWD"))
-    if password is None:
-        raise ValueError("no password: give -o credentials=FILE or set PASSWD in the environment")
+    sec, ccache, keytab = auth.choose(options, user, domain, password, environ)
+    if not user and (sec == "ntlmssp" or keytab):
+        raise ValueError("no user name: give smb://user@host/share, -o username= or a credentials file"
+                         + (" (keytab= logs on as the principal named there)" if keytab else ""))
     port = _one_of("port", url_port, _number(options, "port", 10), None)
     port = 445 if port is None else port
     if not 0 < port < 65536:
@@ -104,10 +108,10 @@ def parse(url, options, environ=os.environ):
     close_after = _number(options, "closetimeo", 10)
     if close_after is not None and close_after < 0:
         raise ValueError(f"closetimeo={close_after}: seconds, 0 or more")
-    return Target(host=host, port=port, share=names[0], path="\\".join(names[1:]), username=user,
+    return Target(host=host, port=port, share=names[0], path="\\".join(names[1:]), username=user or "",
                   domain=domain or "", password=password, dialect=DIALECTS[vers], seal=seal,
                   file_mode=_mode(options, "file_mode", 0o755), dir_mode=_mode(options, "dir_mode", 0o755),
-                  close_after=close_after or 0)
+                  close_after=close_after or 0, sec=sec, ccache=ccache, keytab=keytab)
 
 
 def read_credentials(path):
