@@ -39,6 +39,9 @@ PASSWORD = "Lab-User-Pass1"
 STALE_USER = "staleuser"
 ADMIN_PASSWORD = "Lab-Admin-Pass1"
 CACHE = Path("/var/cache/offloadfs-lab")
+# smbd asks winbindd for the unix ids of domain users at the socket path compiled into libwbclient
+# (/run/samba/winbindd; neither smb.conf nor the environment moves it): one DC per machine at a time.
+ONE_AT_A_TIME = "/run/lock/offloadfs-addc.lock"
 KDC_PORT = 88
 SMB_PORT = 445
 
@@ -61,7 +64,6 @@ cache directory = {dir}/cache
 binddns dir = {dir}/bind-dns
 pid directory = {dir}/run
 ncalrpc dir = {dir}/run/ncalrpc
-winbindd socket directory = {dir}/run/winbindd
 log file = {dir}/smbd.log
 max log size = 0
 idmap_ldb:use rfc2307 = yes
@@ -187,10 +189,12 @@ def add_alias(net):
 
 @contextlib.contextmanager
 def domain_controller(shares, net):
-    """Yield a running DomainController in lab Namespace ``net`` exporting shares {name: (path, kind)}."""
+    """Yield a running DomainController in lab Namespace ``net`` exporting shares {name: (path, kind)};
+    waits for one that another run holds to stop (see ONE_AT_A_TIME)."""
     shares = {name: Share(name, Path(path), kind) for name, (path, kind) in shares.items()}
     tree = provisioned()
-    with tempfile.TemporaryDirectory(prefix="offloadfs-addc-") as tmp:
+    with open(ONE_AT_A_TIME, "w") as lock, tempfile.TemporaryDirectory(prefix="offloadfs-addc-") as tmp:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         workdir = Path(tmp) / "dc"
         shutil.copytree(tree, workdir, symlinks=True)
         alias = add_alias(net)
