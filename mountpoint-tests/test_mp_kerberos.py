@@ -155,6 +155,7 @@ def test_clock_skew_is_one_line(realm, tmp_path, monkeypatch):
     assert "clock skew too great" in mount_fails(url, ["sec=krb5"])
 
 
+@pytest.mark.slow  # waits out a ticket: about three minutes
 def test_io_goes_on_when_the_ticket_expires(realm, tmp_path, monkeypatch):
     """A file kept open and written through the expiry of the session's ticket; meanwhile the user renewed
     the cache (kinit, as k5start would).  A second cache left to expire then fails a mount in one line."""
