@@ -8,11 +8,13 @@ fail is one line of what to do.
 """
 import importlib.util
 import os
+import pwd
 import random
 import shutil
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from mpkit import MiB, sh, sha256, write_file
@@ -20,6 +22,8 @@ from test_mp_random_data import NAMES, Run
 
 from offloadfs.lab.addc import addc_lab
 from offloadfs.lab.mount import offloadfs_cli, offloadfs_mount, status
+from offloadfs.lab.samba import USER as LAB_USER
+from offloadfs.lab.samba import ensure_user
 
 MISSING = [what for what, ok in (
     ("samba-ad-dc (apt-get install samba-ad-dc samba-ad-provision)", shutil.which("samba") and os.path.isdir(
@@ -31,7 +35,8 @@ MISSING = [what for what, ok in (
 pytestmark = pytest.mark.skipif(bool(MISSING), reason="needs " + ", ".join(MISSING))
 
 FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
-# The shortest ticket Samba 4.17's file server takes: it refuses one with two minutes left as expired.
+# The shortest ticket we saw Samba 4.17's file server take: it answered tickets of 60, 90 and 120 s
+# with KRB_AP_ERR_TKT_EXPIRED at logon.
 SHORTEST_TICKET = 150
 
 
@@ -131,6 +136,21 @@ def test_a_keytab_needs_no_cache(realm, tmp_path, monkeypatch):
         (mnt / "f").write_bytes(b"at boot")
     assert (backing / "f").read_bytes() == b"at boot"
     assert not (tmp_path / "none").exists()  # the keytab's ticket stays in the daemon's memory
+
+
+def test_cruid_takes_that_users_cache(realm, tmp_path, monkeypatch):
+    ensure_user()  # a uid of the lab's own, so that no real user's cache is touched
+    uid = pwd.getpwnam(LAB_USER).pw_uid
+    cache = Path(f"/tmp/krb5cc_{uid}")
+    monkeypatch.setenv("KRB5CCNAME", f"FILE:{tmp_path / 'none'}")  # the caller's own: no ticket
+    url, backing = fresh_dir(realm, "xfs")
+    try:
+        realm.kinit(cache)
+        with offloadfs_mount(url, options=[f"cruid={uid}"]) as mnt:
+            (mnt / "f").write_bytes(b"as that user")
+    finally:
+        cache.unlink(missing_ok=True)
+    assert (backing / "f").read_bytes() == b"as that user"
 
 
 def test_each_failure_is_one_line(realm, tmp_path, monkeypatch):

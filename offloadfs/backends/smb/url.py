@@ -4,7 +4,8 @@
 follow mount.cifs where they mean the same thing.  The password never comes
 from the URL or a mount option (both show in ``ps`` and /proc/mounts): it
 comes from a credentials file that only its owner can read, or from the
-PASSWD environment variable, as with mount.cifs.
+PASSWD environment variable, as with mount.cifs.  A Kerberos logon needs
+none: auth.py says how sec=, cruid= and keytab= choose the credentials.
 """
 import os
 import stat
