@@ -37,7 +37,7 @@ from smbprotocol.exceptions import SMBException, SMBResponseException
 from smbprotocol.session import Session
 from smbprotocol.tree import TreeConnect
 
-from . import errors, leases
+from . import auth, errors, leases
 from .connection import CONNECT_TIMEOUT, MIN_IO_SIZE, GuardedConnection, LeanSend, describe
 from .errors import ConnectionLost, status_error
 
@@ -142,6 +142,8 @@ class Client:
         self.io_size = CREDIT_SIZE  # largest READ/WRITE, set from the server's limits and our credits
         self.users = 0
         self._lock = trio.Lock()
+        self._renewing = trio.Lock()  # one re-authentication at a time
+        self._renewals = 0  # sessions renewed after they expired
         # The thread that finishes a message half sent from the trio thread (LeanSend.try_now): one at a
         # time, as it holds the socket, and never behind the threads waiting for the socket.
         self._finishing = trio.CapacityLimiter(1)
@@ -161,7 +163,7 @@ class Client:
         """The Client for this server, user and security; one per trio run."""
         t = target
         key = (trio.lowlevel.current_trio_token(), t.host, t.port, t.username, t.domain, t.password, t.dialect,
-               t.seal, t.posix)
+               t.seal, t.posix, t.sec, t.ccache, t.keytab)
         client = cls._shared.get(key)
         if client is None:
             client = cls._shared[key] = cls(target, key)
@@ -197,7 +199,7 @@ class Client:
         self.io_size = min(conn.max_read_size, conn.max_write_size,
                            max(CREDIT_SIZE, self._window(conn) // 4 * CREDIT_SIZE))
         self._log_connected("connected to %s as %s: dialect 0x%x, %d credits, %d-byte I/O%s", self.where,
-                            self.target.username, conn.dialect, self._window(conn), self.io_size,
+                            auth.who(self.target), conn.dialect, self._window(conn), self.io_size,
                             ", POSIX extensions" if conn.posix else "")
 
     def _connect_sync(self, conn):
@@ -219,20 +221,34 @@ class Client:
                 raise ConnectionLost(f"negotiate with {self.where} failed: largest {what} of {size} bytes "
                                      f"offered, less than {MIN_IO_SIZE}")
         conn.sender = conn.transport.send = LeanSend(conn.transport)
-        user = f"{t.domain}\\{t.username}" if t.domain else t.username
-        session = Session(conn, user, t.password, require_encryption=t.seal, auth_protocol="ntlm")
-        try:
-            session.connect()
-            if session.encrypt_data:
-                conn.verify_logon(session)
-        except Exception as e:
-            logon = isinstance(e, SMBResponseException) and e.status == errors.LOGON_FAILURE
-            raise self._setup_failed("logon failure" if logon else "session setup", e, f" for user {user}") from None
+        session = self._log_on(conn)
         try:
             conn.echo(sid=session.session_id, timeout=CONNECT_TIMEOUT, credit_request=CREDITS)
         except Exception as e:
             raise self._setup_failed("the first echo", e) from None
         return session
+
+    def _log_on(self, conn):
+        """smbprotocol's Session, set up with the credentials auth.credential picks from the mount options."""
+        t = self.target
+        user, password, protocol = auth.credential(t)
+        session = Session(conn, user, password, require_encryption=t.seal, auth_protocol=protocol)
+        try:
+            session.connect()
+            if session.encrypt_data:
+                conn.verify_logon(session)
+        except Exception as e:
+            raise self._logon_failed(e) from None
+        return session
+
+    def _logon_failed(self, e):
+        """The ConnectionLost for a failed logon: Kerberos failures in one line of what to do."""
+        line = auth.failure(e) if self.target.sec == "krb5" else None
+        if line:
+            return ConnectionLost(f"Kerberos logon as {auth.who(self.target)} to {self.where} failed: {line}")
+        logon = isinstance(e, SMBResponseException) and e.status == errors.LOGON_FAILURE
+        whom = f" for user {auth.who(self.target)}"
+        return self._setup_failed("logon failure" if logon else "session setup", e, whom)
 
     def _setup_failed(self, what, e, whom=""):
         """The ConnectionLost for a step of connecting that failed with ``e``: its status, or what was wrong.
@@ -322,6 +338,34 @@ class Client:
 
     async def call(self, share, messages, generation=None):
         """Send one request, or a related compound of several; [(status, body)] in order.
+
+        A request the server refused unprocessed because the session's ticket
+        had expired goes again once the session is set up anew (auth.reauthenticate).
+        """
+        renewals = self._renewals
+        results = await self._call(share, messages, generation)
+        if any(status == errors.NETWORK_SESSION_EXPIRED for status, _ in results):
+            await self._reauthenticate(renewals)
+            results = await self._call(share, messages, generation)
+        return results
+
+    async def _reauthenticate(self, renewals):
+        """Renew the session, unless another request did since ours went (``renewals``: the count then)."""
+        async with self._renewing:
+            conn = self.conn
+            if self._renewals != renewals or conn is None:
+                return
+            try:
+                await self._blocking(conn, auth.reauthenticate, conn, self.session, self.target, self.target.host)
+            except ConnectionLost:
+                raise
+            except Exception as e:
+                raise self._lost(conn, f"session expired, and renewing it failed: {self._logon_failed(e).strerror}")
+            self._renewals += 1
+            log.info("session on %s expired: renewed as %s", self.where, auth.who(self.target))
+
+    async def _call(self, share, messages, generation=None):
+        """Send and wait, as call() says, once.
 
         ``generation``: the connection the request's handles (or resume key)
         came from; on any other it fails instead of naming something the new

@@ -4,7 +4,8 @@
 follow mount.cifs where they mean the same thing.  The password never comes
 from the URL or a mount option (both show in ``ps`` and /proc/mounts): it
 comes from a credentials file that only its owner can read, or from the
-PASSWD environment variable, as with mount.cifs.
+PASSWD environment variable, as with mount.cifs.  A Kerberos logon needs
+none: auth.py says how sec=, cruid= and keytab= choose the credentials.
 """
 import os
 import stat
@@ -14,9 +15,10 @@ from urllib.parse import unquote, urlsplit
 from smbprotocol.connection import Dialects
 
 from .. import SourceError
+from . import auth
 
 OPTIONS = frozenset({"credentials", "username", "domain", "file_mode", "dir_mode", "seal", "vers", "port",
-                     "closetimeo", "posix", "noposix"})
+                     "closetimeo", "posix", "noposix", "sec", "cruid", "keytab"})
 # mount.cifs options we take in another form
 _PASSWORD_HINT = "the password goes in a credentials=FILE (a password= line, mode 0600) or in $PASSWD"
 HINTS = {"user": "use username=NAME", "password": _PASSWORD_HINT, "pass": _PASSWORD_HINT}
@@ -44,13 +46,16 @@ class Target:
     path: str  # inside the share, backslash-separated; "" is the share's root
     username: str
     domain: str
-    password: str = field(repr=False)
+    password: str | None = field(repr=False)
     dialect: int | None  # None: the newest both sides speak
     seal: bool
     file_mode: int
     dir_mode: int
     close_after: int  # closetimeo=: seconds a released read-only handle under a lease stays open (SMBBackend.release)
     posix: bool | None  # SMB 3.1.1 POSIX extensions: -o posix (required), -o noposix (never), else where offered
+    sec: str = "ntlmssp"  # "krb5" or "ntlmssp" (auth.SECURITY)
+    ccache: str | None = None  # the Kerberos credential cache ("TYPE:residual"); None: the library's default
+    keytab: str | None = None  # keytab= : log on as the principal in username= with its key, no cache
 
     @property
     def unc(self):
@@ -85,11 +90,11 @@ def parse(url, options, environ=os.environ):
     creds = read_credentials(options["credentials"]) if "credentials" in options else {}
     user = _one_of("user name", user, _text(options, "username"), creds.get("username"))
     domain = _one_of("domain", domain, _text(options, "domain"), creds.get("domain"))
-    if not user:
-        raise ValueError("no user name: give smb://user@host/share, -o username= or a credentials file")
     password = creds.get("password", environ.get("PASSWD"))
-    if password is None:
-        raise ValueError("no password: give -o credentials=FILE or set PASSWD in the environment")
+    sec, ccache, keytab = auth.choose(options, user, domain, password, environ)
+    if not user and (sec == "ntlmssp" or keytab):
+        raise ValueError("no user name: give smb://user@host/share, -o username= or a credentials file"
+                         + (" (keytab= logs on as the principal named there)" if keytab else ""))
     port = _one_of("port", url_port, _number(options, "port", 10), None)
     port = 445 if port is None else port
     if not 0 < port < 65536:
@@ -106,10 +111,11 @@ def parse(url, options, environ=os.environ):
     close_after = _number(options, "closetimeo", 10)
     if close_after is not None and close_after < 0:
         raise ValueError(f"closetimeo={close_after}: seconds, 0 or more")
-    return Target(host=host, port=port, share=names[0], path="\\".join(names[1:]), username=user,
+    return Target(host=host, port=port, share=names[0], path="\\".join(names[1:]), username=user or "",
                   domain=domain or "", password=password, dialect=DIALECTS[vers], seal=seal,
                   file_mode=_mode(options, "file_mode", 0o755), dir_mode=_mode(options, "dir_mode", 0o755),
-                  close_after=close_after or 0, posix=posix)
+                  close_after=close_after or 0, posix=posix, sec=sec, ccache=ccache,
+                  keytab=keytab)
 
 
 def _posix(options, dialect):

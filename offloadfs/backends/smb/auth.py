@@ -1,0 +1,157 @@
+"""How a mount logs on: NTLM with a password, or Kerberos from a credential cache, a keytab or a password.
+
+``sec=krb5`` and ``sec=ntlmssp`` choose, as with mount.cifs; without sec=,
+the credentials given choose: keytab=, cruid=, or no password but a
+KRB5CCNAME in the environment mean Kerberos, else NTLM with the password (as
+mount.cifs, whose default is NTLM).  The cache is the
+one KRB5CCNAME names in the mounting process, that of uid ``cruid=``, or the
+library's default; ``keytab=`` logs on as the principal in username= with its
+key, for mounts at boot, with nobody there to kinit.  smbprotocol derives
+the signing and sealing keys from the Kerberos session key, as from NTLM's.
+
+A Kerberos session ends when its ticket does: the server then fails requests
+with STATUS_NETWORK_SESSION_EXPIRED, unprocessed.  reauthenticate() sets the
+same session up again with a fresh ticket (MS-SMB2 3.2.4.2.3, re-authentication),
+keeping its keys, handles and leases, so that the requests are just sent again.
+
+pyspnego and GSSAPI say what went wrong in a paragraph of major and minor
+codes; failure() makes one line of it that tells the user what to do.
+"""
+import importlib.util
+import os
+import pwd
+import re
+
+import spnego
+from smbprotocol.exceptions import MoreProcessingRequired
+from smbprotocol.session import SMB2SessionSetupRequest, SMB2SessionSetupResponse
+
+SECURITY = {"krb5": "krb5", "krb5i": "krb5", "ntlmssp": "ntlmssp", "ntlmsspi": "ntlmssp"}
+
+NO_TICKET = "no Kerberos ticket: run kinit (or give keytab= or cruid=)"
+# Substrings of MIT Kerberos messages, and the line each failure gets.
+FAILURES = (
+    ("No Kerberos credentials available", NO_TICKET),
+    ("No credentials cache found", NO_TICKET),
+    ("Ticket expired", "the Kerberos ticket has expired: run kinit again"),
+    ("Clock skew too great", "clock skew too great between this machine and the KDC: set the clock (NTP)"),
+    ("not found in Kerberos database", "the server's name is unknown to the KDC: give the server by the name "
+                                       "its cifs/ service principal has"),
+    ("No key table entry found", "the keytab holds no key for that principal"),
+    ("Key table file", "the keytab cannot be read"),
+    ("Preauthentication failed", "the KDC refused the key or password (wrong keytab or password)"),
+    ("Cannot find KDC", "no KDC known for the realm: check krb5.conf (KRB5_CONFIG)"),
+    ("Cannot contact any KDC", "no KDC of the realm answers"),
+)
+
+
+def choose(options, user, domain, password, environ):
+    """(sec, credential cache, keytab) from the mount options; ValueError says what does not fit."""
+    sec = options.get("sec")
+    if sec is True:
+        raise ValueError("sec= needs a value")
+    if sec is not None and sec not in SECURITY:
+        raise ValueError(f"sec={sec}: choose one of {', '.join(SECURITY)}")
+    keytab = options.get("keytab")
+    if keytab is True:
+        raise ValueError("keytab= needs a value")
+    if not sec:
+        kerberos = keytab or "cruid" in options or (password is None and "KRB5CCNAME" in environ)
+        sec = "krb5" if kerberos else "ntlmssp"
+    sec = SECURITY[sec]
+    if sec == "ntlmssp":
+        if keytab or "cruid" in options:
+            raise ValueError("keytab= and cruid= are for Kerberos, not sec=ntlmssp")
+        if password is None:
+            raise ValueError("no password: give -o credentials=FILE or set PASSWD in the environment "
+                             "(or log on with Kerberos: -o sec=krb5)")
+        return sec, None, None
+    if importlib.util.find_spec("gssapi") is None or importlib.util.find_spec("krb5") is None:
+        raise ValueError("Kerberos needs the Python packages gssapi and krb5: pip install 'offloadfs[kerberos]'")
+    if keytab and "cruid" in options:
+        raise ValueError("keytab= and cruid= both name credentials: give one")
+    if keytab:
+        if not os.access(keytab, os.R_OK):
+            raise ValueError(f"keytab={keytab}: not readable")
+        return sec, None, os.path.abspath(keytab)
+    if "cruid" in options:
+        return sec, cache_of(options["cruid"]), None
+    name = environ.get("KRB5CCNAME")
+    return sec, (_typed(name) if name else None), None
+
+
+def cache_of(cruid):
+    """The credential cache of user ``cruid`` (a uid or a name): MIT's default file for that uid."""
+    if cruid is True or not cruid:
+        raise ValueError("cruid= needs a uid or a user name")
+    try:
+        uid = int(cruid) if cruid.isdigit() else pwd.getpwnam(cruid).pw_uid
+    except KeyError:
+        raise ValueError(f"cruid={cruid}: no such user") from None
+    return f"FILE:/tmp/krb5cc_{uid}"
+
+
+def _typed(name):
+    """A cache name as pyspnego wants it, TYPE:residual; a bare path is a FILE cache."""
+    return name if re.match(r"^[A-Z_]+:", name) else f"FILE:{name}"
+
+
+def principal(target):
+    """user@REALM from username= and domain=, or the user name as given if it has its realm."""
+    user = target.username
+    return f"{user}@{target.domain.upper()}" if user and "@" not in user and target.domain else user
+
+
+def credential(target):
+    """(username, password, protocol) for spnego.client and smbprotocol's Session."""
+    if target.sec == "ntlmssp":
+        user = f"{target.domain}\\{target.username}" if target.domain else target.username
+        return user, target.password, "ntlm"
+    if target.keytab:
+        return spnego.KerberosKeytab(keytab=target.keytab, principal=principal(target)), None, "kerberos"
+    if target.password is not None:
+        return principal(target), target.password, "kerberos"
+    if target.ccache:
+        return spnego.KerberosCCache(ccache=target.ccache, principal=principal(target) or None), None, "kerberos"
+    return principal(target) or None, None, "kerberos"
+
+
+def who(target):
+    """The identity a log line names."""
+    if target.sec == "ntlmssp":
+        return f"{target.domain}\\{target.username}" if target.domain else target.username
+    return principal(target) or f"the principal of {target.ccache or 'the default credential cache'}"
+
+
+def failure(e):
+    """One line for a failed Kerberos logon ``e`` (pyspnego's error, or smbprotocol's around it), or None."""
+    text = str(e)
+    for needle, line in FAILURES:
+        if needle in text:
+            return line
+    return None
+
+
+def reauthenticate(conn, session, target, hostname):
+    """Set ``session`` up again with fresh credentials; blocking.  Its keys stay those of the first logon
+    (MS-SMB2 3.3.5.5.3: re-authentication derives none), so nothing of smbprotocol's Session is redone."""
+    user, password, protocol = credential(target)
+    context = spnego.client(user, password, service="cifs", hostname=hostname,
+                            options=spnego.NegotiateOptions.session_key, protocol=protocol)
+    token = None
+    while not context.complete:
+        token = context.step(token)
+        if not token:
+            break
+        setup = SMB2SessionSetupRequest()
+        setup["security_mode"] = conn.client_security_mode
+        setup["buffer"] = token
+        request = conn.send(setup, sid=session.session_id, credit_request=64)
+        try:
+            response = conn.receive(request)
+        except MoreProcessingRequired as more:
+            response = more.header
+        conn.preauth_integrity_session_hash_value.pop(request.message["message_id"].get_value(), None)
+        reply = SMB2SessionSetupResponse()
+        reply.unpack(response["data"].get_value())
+        token = reply["buffer"].get_value()

@@ -1,0 +1,223 @@
+"""A private Samba Active Directory domain controller: a Kerberos realm and its file server, for the SMB
+Kerberos tests.
+
+`samba-tool domain provision` makes the domain (no DNS: the lab's krb5.conf
+names the KDC's address outright); the `samba` daemon then runs the KDC and
+smbd in a lab namespace, with one share per backing filesystem kind on a
+fresh loop filesystem.  Provisioning takes seconds of CPU, so the provisioned
+tree (domain, lab user and its keytab) is made once per machine under CACHE
+and copied for each DC: the tree holds no address, and each copy gets an
+smb.conf of its own.  The server's address changes per namespace and the
+client asks for a ticket to cifs/ADDRESS (the host as given in the URL), so
+each DC adds that name to its machine account at start.
+
+Clients use the lab's own krb5.conf (KRB5_CONFIG) and credential caches in
+temporary files (KRB5CCNAME), made by `kinit` with a lifetime the test picks:
+the KDC's own settings (``kdc:user ticket lifetime``) count in whole hours.
+"""
+import contextlib
+import fcntl
+import ipaddress
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from offloadfs.lab import Lab
+from offloadfs.lab.loopfs import loop_filesystem, run
+from offloadfs.lab.net import server_namespace
+from offloadfs.lab.samba import SambaServer
+
+REALM = "LAB.OFFLOADFS.TEST"
+DOMAIN = "LAB"
+DC_NAME = "dc"
+USER = "labuser"
+PASSWORD = "Lab-User-Pass1"
+STALE_USER = "staleuser"
+ADMIN_PASSWORD = "Lab-Admin-Pass1"
+CACHE = Path("/var/cache/offloadfs-lab")
+# smbd asks winbindd for the unix ids of domain users at the socket path compiled into libwbclient
+# (/run/samba/winbindd; neither smb.conf nor the environment moves it): one DC per machine at a time.
+ONE_AT_A_TIME = "/run/lock/offloadfs-addc.lock"
+KDC_PORT = 88
+SMB_PORT = 445
+
+# Services the tests need: the KDC, the file server (s3fs), and winbindd, through which smbd maps
+# domain users to unix ids; the rest (DNS, LDAP, replication, ...) would only cost start-up time.
+GLOBAL = """\
+[global]
+netbios name = {dc}
+workgroup = {domain}
+realm = {realm}
+server role = active directory domain controller
+server services = s3fs, rpc, kdc, winbindd
+interfaces = {host} {alias}
+bind interfaces only = yes
+disable netbios = yes
+private dir = {dir}/private
+lock directory = {dir}
+state directory = {dir}/state
+cache directory = {dir}/cache
+binddns dir = {dir}/bind-dns
+pid directory = {dir}/run
+ncalrpc dir = {dir}/run/ncalrpc
+log file = {dir}/smbd.log
+max log size = 0
+idmap_ldb:use rfc2307 = yes
+load printers = no
+printcap name = /dev/null
+map archive = no
+"""
+
+SHARE = """
+[{name}]
+path = {path}
+read only = no
+force user = root
+vfs objects = {vfs}
+"""
+
+
+def samba_version():
+    return run("samba", "--version").split()[-1]
+
+
+def provisioned():
+    """The cached provisioned tree (made on first use, under a lock: parallel runs share it)."""
+    tree = CACHE / f"addc-{samba_version()}"
+    if (tree / "done").exists():
+        return tree
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "addc.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (tree / "done").exists():
+            return tree
+        shutil.rmtree(tree, ignore_errors=True)
+        run("samba-tool", "domain", "provision", f"--realm={REALM}", f"--domain={DOMAIN}", "--server-role=dc",
+            "--dns-backend=NONE", "--use-rfc2307", f"--adminpass={ADMIN_PASSWORD}", f"--targetdir={tree}",
+            f"--host-name={DC_NAME}", "--option=interfaces=127.0.0.1", "--option=bind interfaces only=yes")
+        conf = f"--configfile={tree / 'etc/smb.conf'}"
+        run("samba-tool", "user", "create", USER, PASSWORD, conf)
+        run("samba-tool", "user", "setexpiry", USER, "--noexpiry", conf)
+        run("samba-tool", "domain", "exportkeytab", str(tree / "user.keytab"), f"--principal={USER}@{REALM}", conf)
+        # A keytab gone stale: its user's password changed after it was exported.
+        run("samba-tool", "user", "create", STALE_USER, PASSWORD, conf)
+        run("samba-tool", "domain", "exportkeytab", str(tree / "stale.keytab"), f"--principal={STALE_USER}@{REALM}",
+            conf)
+        run("samba-tool", "user", "setpassword", STALE_USER, f"--newpassword={PASSWORD}-changed", conf)
+        (tree / "done").touch()
+    return tree
+
+
+@dataclass
+class Share:
+    name: str
+    path: Path
+    kind: str
+
+
+class DomainController(SambaServer):
+    """A running `samba` AD DC: KDC on port 88 and smbd on 445 of ``host``; stopped as an smbd is."""
+
+    program = "samba"
+
+    def __init__(self, shares, host, net, workdir):
+        super().__init__(shares, host, net, workdir)
+        self.realm = REALM
+        self.username = USER
+        self.password = PASSWORD
+        self.principal = f"{USER}@{REALM}"
+        self.keytab = workdir / "user.keytab"
+        self.stale_keytab = workdir / "stale.keytab"
+        self.stale_principal = f"{STALE_USER}@{REALM}"
+        self.alias = None  # a second address of the server, with no cifs/ service principal
+        self.krb5_conf = workdir / "krb5.conf"
+
+    def command(self):
+        return ["samba", "--foreground", "--no-process-group", "--model=single", "-s", str(self.conf)]
+
+    def answers(self):
+        """Both the KDC and smbd accept TCP connections."""
+        for port in (KDC_PORT, SMB_PORT):
+            try:
+                socket.create_connection((self.host, port), timeout=0.2).close()
+            except OSError:
+                return False
+        return True
+
+    def environ(self, ccache):
+        """The environment a client of this realm runs in, with its credentials in file ``ccache``."""
+        return {**os.environ, "KRB5_CONFIG": str(self.krb5_conf), "KRB5CCNAME": f"FILE:{ccache}"}
+
+    def kinit(self, ccache, lifetime=None, principal=None, password=None):
+        """Get a TGT into file ``ccache``; ``lifetime``: kinit's -l (e.g. "30s"), else the KDC's default."""
+        cmd = ["kinit", "-c", f"FILE:{ccache}"] + (["-l", lifetime] if lifetime else [])
+        proc = subprocess.run([*cmd, principal or self.principal], input=f"{password or self.password}\n",
+                              env=self.environ(ccache), capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"kinit failed: {proc.stderr.strip()}")
+        return ccache
+
+
+def write_config(workdir, host, alias, shares):
+    text = GLOBAL.format(dc=DC_NAME.upper(), domain=DOMAIN, realm=REALM, host=host, alias=alias, dir=workdir)
+    for share in shares.values():
+        vfs = "dfs_samba4 acl_xattr" + (" btrfs" if share.kind == "btrfs" else "")
+        text += SHARE.format(name=share.name, path=share.path, vfs=vfs)
+    (workdir / "run").mkdir()
+    (workdir / "smb.conf").write_text(text)
+    (workdir / "krb5.conf").write_text(
+        "[libdefaults]\n"
+        f"  default_realm = {REALM}\n"
+        "  dns_lookup_kdc = false\n  dns_lookup_realm = false\n"
+        # The host as given (an address in the lab) is the service's name: no lookups to canonicalise it.
+        "  rdns = false\n  dns_canonicalize_hostname = false\n"
+        "[realms]\n"
+        f"  {REALM} = {{\n    kdc = {host}\n  }}\n")
+
+
+def add_alias(net):
+    """A second address on the server's end of the link (the next in its /24), for a client that names the
+    server by something the KDC has no service principal for."""
+    alias = str(ipaddress.ip_address(net.server_addr) + 1)
+    run("ip", "-n", net.name, "addr", "add", f"{alias}/24", "dev", "lab0")
+    return alias
+
+
+@contextlib.contextmanager
+def domain_controller(shares, net):
+    """Yield a running DomainController in lab Namespace ``net`` exporting shares {name: (path, kind)};
+    waits for one that another run holds to stop (see ONE_AT_A_TIME)."""
+    shares = {name: Share(name, Path(path), kind) for name, (path, kind) in shares.items()}
+    tree = provisioned()
+    with open(ONE_AT_A_TIME, "w") as lock, tempfile.TemporaryDirectory(prefix="offloadfs-addc-") as tmp:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        workdir = Path(tmp) / "dc"
+        shutil.copytree(tree, workdir, symlinks=True)
+        alias = add_alias(net)
+        write_config(workdir, net.server_addr, alias, shares)
+        run("samba-tool", "spn", "add", f"cifs/{net.server_addr}", f"{DC_NAME.upper()}$",
+            f"--configfile={workdir / 'smb.conf'}")
+        server = DomainController(shares, net.server_addr, net, workdir)
+        server.alias = alias
+        try:
+            server.start()
+            yield server
+        finally:
+            server.stop()
+
+
+@contextlib.contextmanager
+def addc_lab(kinds=("btrfs", "xfs"), rate=None):
+    """Yield a Lab of one DC in its own namespace, with one share per kind on a fresh loop filesystem."""
+    with contextlib.ExitStack() as stack:
+        net = stack.enter_context(server_namespace(rate))
+        shares = {}
+        for kind in kinds:
+            root = stack.enter_context(loop_filesystem(kind))
+            (root / "share").mkdir()
+            shares[kind] = (root / "share", kind)
+        yield Lab([stack.enter_context(domain_controller(shares, net))])
