@@ -29,7 +29,7 @@ from pathlib import Path
 from offloadfs.lab import Lab
 from offloadfs.lab.loopfs import loop_filesystem, run
 from offloadfs.lab.net import server_namespace
-from offloadfs.lab.samba import SambaServer
+from offloadfs.lab.samba import Samba, SambaServer
 
 REALM = "LAB.OFFLOADFS.TEST"
 DOMAIN = "LAB"
@@ -125,7 +125,8 @@ class DomainController(SambaServer):
     program = "samba"
 
     def __init__(self, shares, host, net, workdir):
-        super().__init__(shares, host, net, workdir)
+        # The installed build, asking winbindd as it must: its own is the one that answers.
+        super().__init__(shares, host, net, workdir, Samba(samba_version(), Path("/"), posix=False))
         self.realm = REALM
         self.username = USER
         self.password = PASSWORD
