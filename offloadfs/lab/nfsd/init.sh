@@ -3,7 +3,7 @@
 # the export caches mountd would fill (there is no mountd: v4 needs none) and
 # starts nfsd. Settings come from the kernel command line as lab.NAME=VALUE.
 # Prints OFFLOADFS-NFSD-READY on the console, or OFFLOADFS-NFSD-FAILED and
-# powers off.
+# powers off. Then runs the host's commands from ttyS1 (NfsdGuest.run).
 
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -86,7 +86,18 @@ while [ "$(cat v4_end_grace)" != Y ]; do
     sleep 0.1
 done
 
+# The host's commands, a line each: TOKEN COMMAND. Raw mode: no echo, no
+# line editing, no newline translation; clocal: no hangup when the host's
+# socket closes.
+stty -F /dev/ttyS1 raw -echo clocal || fail "stty ttyS1"
+mkdir -p /tmp
+
 echo "OFFLOADFS-NFSD-READY uptime $(cut -d" " -f1 /proc/uptime) s, versions $(cat versions)"
+cd /export
 while :; do
-    sleep 3600
+    while read -r token command; do
+        echo "OFFLOADFS-BEGIN $token"
+        sh -c "$command" </dev/null 2>&1
+        echo "OFFLOADFS-END $token $?"
+    done </dev/ttyS1 >/dev/ttyS1
 done
