@@ -20,7 +20,9 @@ Each guest runs shell commands from the host (NfsdGuest.run), read from its
 second serial port, which qemu serves as a unix socket: a program inside the
 guest writes the export as a local program, whose opens break nfsd's
 delegations (they are kernel leases), where another NFS client's would be
-recalled by nfsd itself.
+recalled by nfsd itself. A command that stops nfsd (echo 0 >
+/proc/fs/nfsd/threads, which also empties its export caches) starts it again
+with nfsd-up (nfsd-up.sh).
 """
 
 import contextlib
