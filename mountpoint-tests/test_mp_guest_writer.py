@@ -9,12 +9,14 @@ The program rewrites a file in place with bytes staged next to it (through nfski
 the size, and puts the times back with `touch -r` (nanoseconds kept), as `cp -p` and `tar x` do.
 """
 
+import errno
 import hashlib
 import os
 import time
 
 import pytest
 from mpkit import MiB, assert_same
+from test_mp_restore import errors_of
 
 SMALL = MiB
 LARGE = 32 * MiB
@@ -175,3 +177,37 @@ def test_a_clone_keeps_what_was_copied_when_a_guest_program_rewrites_the_source_
     assert hashlib.sha256(data).hexdigest() not in guest.run(f"sha256sum {guest.dir}/src")
     assert guest.run(f"sha256sum {guest.dir}/dst").split()[0] == read
     assert hashlib.sha256((mnt.path / "dst").read_bytes()).hexdigest() == read
+
+
+def test_a_file_restored_in_the_guest_while_nfsd_was_down_is_a_stale_filehandle(on_guest):
+    """test_mp_restore's restore on nfsd: with nfsd stopped (its threads to 0: every open and
+    delegation is gone; nfsd-up starts it again), a program in the guest removes the file we hold
+    open for writing and restores it from a backup with `cp -a`, as a file with the old inode number.  nfsd's
+    filehandles carry the inode's generation as well: the restored file is another filehandle, our
+    reopen (a reclaim in nfsd's grace period) is refused STALE, the error comes at the fsync, and
+    nothing of ours is written into the restored file."""
+    mnt, guest = on_guest("nfsd", [])
+    first, second, third = (os.urandom(64 * 1024) for _ in range(3))
+    (mnt.path / "victim").write_bytes(first)
+    guest.run(f"cd {guest.dir} && mkdir backup && cp -a victim backup/victim")
+    fd = os.open(mnt.path / "victim", os.O_RDWR)
+    failed = []
+    try:
+        os.pwrite(fd, second, len(first))
+        os.fsync(fd)
+        # xfs gives a new file the lowest free inode number near its directory: copies are made
+        # until one gets the removed file's (the sync lets xfs free it)
+        inode = guest.run(f"stat -c %i {guest.dir}/victim").strip()
+        guest.run(f"cd {guest.dir} && echo 0 > /proc/fs/nfsd/threads && rm victim && sync && "
+                  f"for i in $(seq 256); do cp -a backup/victim .v$i; [ $(stat -c %i .v$i) = {inode} ] && "
+                  f"mv .v$i victim && break; done; rm -f .v*; nfsd-up")
+        failed += errors_of(lambda: os.pwrite(fd, third, 2 * len(first)), lambda: os.fsync(fd))
+    finally:
+        failed += errors_of(lambda: os.close(fd))
+        # the grace period would hold the session's other tests' opens back
+        guest.run("echo Y > /proc/fs/nfsd/v4_end_grace")
+    print(f"\nwrite, fsync, close after the restart: {[errno.errorcode.get(e) for e in failed]}")
+    assert guest.run(f"stat -c %i {guest.dir}/victim").strip() == inode, "no copy got the old inode number"
+    assert failed[0] in (None, errno.ESTALE, errno.EIO) and failed[1] in (errno.ESTALE, errno.EIO), failed
+    status, _ = guest.guest.run(f"cmp {guest.dir}/victim {guest.dir}/backup/victim")
+    assert status == 0, "written into the restored file"
