@@ -10,7 +10,9 @@ For ganesha the view is the exported directory itself. The nfsd guest's disk
 is inside qemu and this host has no kernel NFS client, so its view is a
 second, independent offloadfs mount of the export (its own daemon, its own
 NFS client ID, no attribute or name caching): what the mount under test did
-must show there, its kernel caches cannot hide anything.
+must show there, its kernel caches cannot hide anything. A program on the
+server is run inside the guest instead (NfsdGuest.run, test_mp_guest_writer):
+the directory is /export/NAME there, NAME the view's directory name.
 
 The nfsd guest's xfs is made without reflink: a CLONE is refused (NOTSUPP)
 and a COPY is a real copy of the bytes inside the guest, slow enough under

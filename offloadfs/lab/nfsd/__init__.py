@@ -15,15 +15,25 @@ onwards.
 With ssc=True the guests run an nfsd built for inter-server copy (build.py)
 with inter_copy_offload_enable on, so one guest's nfsd can pull a file from
 another's with COPY_NOTIFY + COPY.
+
+Each guest runs shell commands from the host (NfsdGuest.run), read from its
+second serial port, which qemu serves as a unix socket: a program inside the
+guest writes the export as a local program, whose opens break nfsd's
+delegations (they are kernel leases), where another NFS client's would be
+recalled by nfsd itself. A command that stops nfsd (echo 0 >
+/proc/fs/nfsd/threads, which also empties its export caches) starts it again
+with nfsd-up (nfsd-up.sh).
 """
 
 import contextlib
 import ipaddress
 import signal
+import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyroute2 import IPRoute
@@ -41,6 +51,12 @@ BOOT_TIMEOUT = 180
 STOP_TIMEOUT = 5
 READY = "OFFLOADFS-NFSD-READY"
 FAILED = "OFFLOADFS-NFSD-FAILED"
+# Frame of a command's answer on the second serial port (init.sh): BEGIN token, the output,
+# END token exit-status.
+BEGIN, END = b"OFFLOADFS-BEGIN ", b"OFFLOADFS-END "
+# A guest's open for writing waits for nfsd's recall of a delegation, which
+# the kernel gives up on after lease-break-time (45 s).
+COMMAND_TIMEOUT = 120
 SETTINGS = {
     "max_block_size": 1 << 20,
     # The smallest nfsd accepts for both: expired leases show up fast.
@@ -52,7 +68,8 @@ SETTINGS = {
 
 @dataclass
 class NfsdGuest:
-    """A qemu guest serving `export` at host:port; `image` is its xfs disk."""
+    """A qemu guest serving `export` at host:port; `image` is its xfs disk, `commands` the socket
+    of its command port (run), `channel` the connection to it once run made one."""
 
     name: str
     host: str
@@ -60,10 +77,42 @@ class NfsdGuest:
     export: str
     image: Path
     console: Path
+    commands: Path
     process: subprocess.Popen
+    channel: socket.socket = field(default=None, repr=False)
+
+    def run(self, command, timeout=COMMAND_TIMEOUT):
+        """(exit status, stdout and stderr) of one line of busybox sh run in the guest's /export.
+
+        Commands run one at a time, in the order sent. TimeoutError where no answer came in
+        `timeout` seconds (the guest's shell may still be running it: a later command waits)."""
+        if "\n" in command:
+            raise ValueError(f"one line only: {command!r}")
+        if self.channel is None:
+            self.channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.channel.connect(str(self.commands))
+        token = uuid.uuid4().hex.encode()
+        self.channel.sendall(token + b" " + command.encode() + b"\n")
+        deadline = time.monotonic() + timeout
+        received = b""
+        # Anything before this command's BEGIN is the answer to one that timed out.
+        while (end := answer_end(received, token)) is None:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.process.poll() is not None:
+                why = f"qemu exited ({self.process.returncode})" if self.process.poll() is not None else "timeout"
+                raise TimeoutError(f"nfsd guest {self.name} did not answer {command!r} in {timeout} s ({why}); "
+                                   f"received: {received[-2000:]!r}")
+            self.channel.settimeout(left)
+            with contextlib.suppress(TimeoutError):
+                received += self.channel.recv(65536)
+        begin = received.index(BEGIN + token + b"\n") + len(BEGIN) + len(token) + 1
+        status = received[end:].split(b"\n", 1)[0].rsplit(b" ", 1)[1]
+        return int(status), received[begin:end].decode(errors="replace")
 
     def stop(self):
         """End qemu (the guest does not get to shut down: its disk is throwaway)."""
+        if self.channel is not None:
+            self.channel.close()
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -71,6 +120,13 @@ class NfsdGuest:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+def answer_end(received, token):
+    """Where the END line of the answer to `token` starts in `received`, once all of it is there."""
+    begin = received.find(BEGIN + token + b"\n")
+    end = received.find(END + token + b" ", begin) if begin >= 0 else -1
+    return end if end >= 0 and b"\n" in received[end:] else None
 
 
 @dataclass
@@ -101,7 +157,7 @@ def make_bridge(ns, taps):
             ipr.link("set", index=ipr.link_lookup(ifname=tap)[0], master=bridge, state="up")
 
 
-def qemu_command(kernel, initramfs, addr, tap, image, console, settings):
+def qemu_command(kernel, initramfs, addr, tap, image, console, commands, settings):
     """qemu's argv; settings (with SETTINGS) reach init.sh as lab.NAME=VALUE."""
     octets = ipaddress.ip_address(addr).packed
     settings = {"addr": f"{addr}/24", **SETTINGS, **settings}
@@ -113,6 +169,8 @@ def qemu_command(kernel, initramfs, addr, tap, image, console, settings):
         "-machine", "pc", "-accel", "tcg", "-m", "512M", "-display", "none",
         "-kernel", str(kernel), "-initrd", str(initramfs), "-append", append,
         "-serial", f"file:{console}",
+        # ttyS1, where init.sh takes commands: a socket the host connects to when it has one.
+        "-chardev", f"socket,id=commands,path={commands},server=on,wait=off", "-serial", "chardev:commands",
         # The image is throwaway: skipping host flushes makes COMMIT cheap.
         "-drive", f"file={image},if=virtio,format=raw,cache=unsafe",
         "-netdev", f"tap,id=net0,ifname={tap},script=no,downscript=no",
@@ -157,15 +215,15 @@ def nfsd_lab(guests=1, rate=None, size=DEFAULT_SIZE, kernel=KERNEL, ssc=False):
         started = []
         for i, tap in enumerate(taps):
             name, addr = f"nfsd{i}", str(subnet[3 + i])
-            image, console = workdir / f"{name}.img", workdir / f"{name}.console"
+            image, console, commands = (workdir / f"{name}.{suffix}" for suffix in ("img", "console", "sock"))
             with open(image, "wb") as f:
                 f.truncate(size)
             run_checked(*MKFS["xfs"], str(image))
             with open(workdir / f"{name}.out", "wb") as out:
                 settings = {"hostname": name, "inter_copy": "Y" if ssc else "N"}
-                command = qemu_command(vmlinux, initramfs, addr, tap, image, console, settings)
+                command = qemu_command(vmlinux, initramfs, addr, tap, image, console, commands, settings)
                 process = ns.popen(*command, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
-            guest = NfsdGuest(name, addr, PORT, EXPORT, image, console, process)
+            guest = NfsdGuest(name, addr, PORT, EXPORT, image, console, commands, process)
             stack.callback(guest.stop)
             started.append(guest)
         # The guests boot in parallel; wait for all.

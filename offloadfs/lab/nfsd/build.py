@@ -30,6 +30,7 @@ CACHE = Path("/var/cache/offloadfs-lab/nfsd-guest")
 KERNEL = "linux-image-amd64"
 BUSYBOX = "busybox-static"
 INIT = Path(__file__).with_name("init.sh")
+NFSD_UP = Path(__file__).with_name("nfsd-up.sh")
 # crc32c_generic is named because libcrc32c asks the crypto API for "crc32c"
 # when it loads, and there is no modprobe in the guest to load it on demand.
 MODULES = ("crc32c_generic", "nfsd", "xfs", "virtio_pci", "virtio_blk", "virtio_net")
@@ -226,13 +227,15 @@ def cpio_entry(name, mode, data=b"", rdev=(0, 0)):
 
 
 def initramfs(busybox, modules):
-    """The guest's root: busybox, init.sh as /init, the modules and their load order."""
+    """The guest's root: busybox, init.sh as /init, nfsd-up.sh as /bin/nfsd-up, the modules and
+    their load order."""
     dirs = ["bin", "dev", "proc", "sys", "export", "lib", "lib/modules"]
     parts = [cpio_entry(d, 0o040755) for d in dirs]
     # The kernel opens /dev/console for init before anything is mounted.
     parts.append(cpio_entry("dev/console", 0o020600, rdev=(5, 1)))
     parts.append(cpio_entry("bin/busybox", 0o100755, busybox.read_bytes()))
     parts.append(cpio_entry("init", 0o100755, INIT.read_bytes()))
+    parts.append(cpio_entry("bin/nfsd-up", 0o100755, NFSD_UP.read_bytes()))
     for ko in sorted(modules.iterdir()):
         parts.append(cpio_entry(f"lib/modules/{ko.name}", 0o100644, ko.read_bytes()))
     parts.append(cpio_entry("TRAILER!!!", 0))

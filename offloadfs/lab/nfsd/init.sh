@@ -1,9 +1,8 @@
 #!/bin/busybox sh
-# PID 1 of the nfsd guest. Brings up eth0 and the xfs disk, loads nfsd, fills
-# the export caches mountd would fill (there is no mountd: v4 needs none) and
-# starts nfsd. Settings come from the kernel command line as lab.NAME=VALUE.
+# PID 1 of the nfsd guest. Brings up eth0 and the xfs disk, loads nfsd and
+# starts it (nfsd-up.sh). Settings come from the kernel command line as lab.NAME=VALUE.
 # Prints OFFLOADFS-NFSD-READY on the console, or OFFLOADFS-NFSD-FAILED and
-# powers off.
+# powers off. Then runs the host's commands from ttyS1 (NfsdGuest.run).
 
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -23,6 +22,7 @@ for arg in $(cat /proc/cmdline); do
         lab.*=*) name=${arg%%=*}; eval "${name#lab.}=\${arg#*=}" ;;
     esac
 done
+export addr threads  # for nfsd-up, here and in the host's commands
 
 # Modules in dependency order, as the host's build resolved it.
 for ko in $(cat /lib/modules/order); do
@@ -58,24 +58,7 @@ echo "$max_block_size" > max_block_size || fail "max_block_size"
 echo "$lease" > nfsv4leasetime || fail "lease time"
 echo "$grace" > nfsv4gracetime || fail "grace time"
 
-# Caches as in fs/nfsd/export.c and net/sunrpc/svcauth_unix.c, entries that
-# never expire: every address of the /24 belongs to the "lab" domain (so the
-# host and the other guests are clients), which sees / as the v4 pseudo root
-# (fsid 0) and /export as a read-write export (fsid 1) without root squash.
-# Export flags: 0x1 read-only, 0x2 insecure, 0x400 no_subtree_check, 0x2000 fsid,
-# 0x10000 v4root (shows only the way to exports).
-forever=2147483647
-prefix=${addr%.*}
-for i in $(seq 1 254); do
-    echo "nfsd $prefix.$i $forever lab" > /proc/net/rpc/auth.unix.ip/channel || fail "auth.unix.ip"
-done
-echo "lab / $forever $((0x12403)) 65534 65534 0" > /proc/net/rpc/nfsd.export/channel || fail "export /"
-echo "lab /export $forever $((0x2402)) 65534 65534 1" > /proc/net/rpc/nfsd.export/channel || fail "export /export"
-# Keys: client, fsid type 1 (a 4-byte fsid number, little-endian, hex), expiry, path.
-printf 'lab 1 \\x00000000 %s /\n' $forever > /proc/net/rpc/nfsd.fh/channel || fail "fh /"
-printf 'lab 1 \\x01000000 %s /export\n' $forever > /proc/net/rpc/nfsd.fh/channel || fail "fh /export"
-
-echo "$threads" > threads || fail "threads"
+nfsd-up || fail "nfsd-up"
 # Nothing to reclaim in a fresh guest: serve OPENs at once.
 echo Y > v4_end_grace || fail "v4_end_grace"
 # The laundromat ends it a moment later.
@@ -86,7 +69,18 @@ while [ "$(cat v4_end_grace)" != Y ]; do
     sleep 0.1
 done
 
+# The host's commands, a line each: TOKEN COMMAND. Raw mode: no echo, no
+# line editing, no newline translation; clocal: no hangup when the host's
+# socket closes.
+stty -F /dev/ttyS1 raw -echo clocal || fail "stty ttyS1"
+mkdir -p /tmp
+
 echo "OFFLOADFS-NFSD-READY uptime $(cut -d" " -f1 /proc/uptime) s, versions $(cat versions)"
+cd /export
 while :; do
-    sleep 3600
+    while read -r token command; do
+        echo "OFFLOADFS-BEGIN $token"
+        sh -c "$command" </dev/null 2>&1
+        echo "OFFLOADFS-END $token $?"
+    done </dev/ttyS1 >/dev/ttyS1
 done

@@ -1,0 +1,26 @@
+#!/bin/busybox sh
+# Fills the export caches mountd would fill (there is no mountd: v4 needs
+# none) and starts nfsd's threads: at boot (init.sh), and again after a test
+# stopped nfsd (echo 0 > /proc/fs/nfsd/threads), which flushes the caches:
+# without their entries every request would be answered DELAY for good.
+# Takes $addr and $threads from init.sh's environment.
+
+set -e
+# Caches as in fs/nfsd/export.c and net/sunrpc/svcauth_unix.c, entries that
+# never expire: every address of the /24 belongs to the "lab" domain (so the
+# host and the other guests are clients), which sees / as the v4 pseudo root
+# (fsid 0) and /export as a read-write export (fsid 1) without root squash.
+# Export flags: 0x1 read-only, 0x2 insecure, 0x400 no_subtree_check, 0x2000 fsid,
+# 0x10000 v4root (shows only the way to exports).
+forever=2147483647
+prefix=${addr%.*}
+for i in $(seq 1 254); do
+    echo "nfsd $prefix.$i $forever lab" > /proc/net/rpc/auth.unix.ip/channel
+done
+echo "lab / $forever $((0x12403)) 65534 65534 0" > /proc/net/rpc/nfsd.export/channel
+echo "lab /export $forever $((0x2402)) 65534 65534 1" > /proc/net/rpc/nfsd.export/channel
+# Keys: client, fsid type 1 (a 4-byte fsid number, little-endian, hex), expiry, path.
+printf 'lab 1 \\x00000000 %s /\n' $forever > /proc/net/rpc/nfsd.fh/channel
+printf 'lab 1 \\x01000000 %s /export\n' $forever > /proc/net/rpc/nfsd.fh/channel
+
+echo "$threads" > /proc/fs/nfsd/threads
