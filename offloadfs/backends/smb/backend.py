@@ -49,6 +49,8 @@ LIST_MAX_BYTES = 1 << 29  # of replies: a million entries with names of 255 UTF-
 # server handles one while the next crosses the link (1 Gbit lab: sequential 8 MiB writes 65 -> 104 MB/s).
 PIECE = 1 << 20
 LISTED_FOR = 1.0  # seconds a directory listing answers lookups (READDIRPLUS looks up every entry)
+DIR_LEASE_IDLE = 30.0  # seconds a directory lease is held past the last use of its listing (mount.cifs's default)
+DIR_LEASES_MAX = 64  # directory leases held at once, each an open handle at the server
 # What an SMB name cannot hold: a path separator, a stream name, wildcards, control characters
 BAD_NAME = re.compile(r'[\\:*?"<>|\x00-\x1f]')
 # Longest share path we make, in UTF-8 bytes (not characters: 2-byte ones fail at the same byte count): Samba
@@ -126,6 +128,7 @@ class SMBBackend(Capabilities, Backend):
         self._reopening = trio.Lock()
         self._listed = {}  # path -> (Attributes, expiry) from the last listings; see lookup()
         self.deferred = {}  # Node -> (File, trio.CancelScope of its timer): released, kept open (see release)
+        self.dir_leases = {}  # directory Node -> trio time its held listing handle is given back, least lately used first
         self.requests = collections.Counter()  # command name -> requests sent
         self.round_trips = 0  # requests and compounds sent, each answered before its caller goes on
 
@@ -553,7 +556,7 @@ class SMBBackend(Capabilities, Backend):
         truncate = flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY
         if truncate:
             self._listed.clear()  # a listing's size of the file is wrong from now on
-        elif _access(flags) == m.READ:
+        elif _access(flags) == m.READ and not node.is_dir:  # a directory's is a listing's (_hold_listing)
             file = await self._take_back(node)
             if file is not None:
                 return file
@@ -786,6 +789,7 @@ class SMBBackend(Capabilities, Backend):
     def _undefer(self, node):
         """The handle kept open for ``node`` (its timer stopped), or None."""
         file, scope = self.deferred.pop(node, (None, None))
+        self.dir_leases.pop(node, None)
         if scope is not None:
             scope.cancel()
         return file
@@ -830,18 +834,36 @@ class SMBBackend(Capabilities, Backend):
     async def listdir(self, node):
         """The open, the directory's attributes and the first two pages in one compound: a
         directory of one page (up to some 500 entries) is listed in one round trip, its second page
-        the STATUS_NO_MORE_FILES that ends it.  Its handle is closed after the listing is answered."""
+        the STATUS_NO_MORE_FILES that ends it.  Its handle is closed after the listing is answered,
+        unless it holds a directory lease (see _hold_listing)."""
         path = _path(node)
-        create, queried, *pages = await self._send([
-            m.create(path, m.READ_DATA | m.READ_ATTRIBUTES | m.SYNCHRONIZE, m.OPEN, m.DIRECTORY_FILE),
-            _query_all(),
-            m.query_directory(m.RELATED, info.FILE_ID_BOTH_DIRECTORY, m.RESTART_SCAN, LIST_BUFFER),
-            m.query_directory(m.RELATED, info.FILE_ID_BOTH_DIRECTORY, 0, LIST_BUFFER)])
-        generation = self.client.generation
+        conn, _ = await self.client.tree_id(self.share)
+        generation, listener = self.client.generation, self.client.leases
+        lease = self._lease_of(node) if conn.supports_directory_leasing else None
+        seen = listener.opening(lease) if lease is not None else None
+        try:
+            create, queried, *pages = await self._send([
+                m.create(path, m.READ_DATA | m.READ_ATTRIBUTES | m.SYNCHRONIZE, m.OPEN, m.DIRECTORY_FILE,
+                         oplock=m.LEASE if lease else m.NO_OPLOCK, contexts=[lease.context(True)] if lease else ()),
+                _query_all(),
+                m.query_directory(m.RELATED, info.FILE_ID_BOTH_DIRECTORY, m.RESTART_SCAN, LIST_BUFFER),
+                m.query_directory(m.RELATED, info.FILE_ID_BOTH_DIRECTORY, 0, LIST_BUFFER)], generation)
+        except BaseException:
+            if lease is not None:
+                listener.failed(lease)
+            raise
         expiry = trio.current_time() + LISTED_FOR
-        if create[0] != errors.SUCCESS:
+        created = wire.CreateResponse.unpack(create[1]) if create[0] == errors.SUCCESS else None
+        if lease is not None:
+            if created is None:
+                listener.failed(lease)
+            else:
+                listener.opened(lease, created.lease, seen)
+        if created is None:
             raise status_error(create[0], what=path)
-        fid = wire.CreateResponse.unpack(create[1]).file_id
+        fid = created.file_id
+        held = File(self, node, m.READ_DATA, fid, generation)
+        held.lease = lease
         items = []
         seen = _Pages(f"{self.client.where}: listing of {path or 'the share'}")
         try:
@@ -865,17 +887,59 @@ class SMBBackend(Capabilities, Backend):
                 if not pages:
                     pages = await self._send(
                         [m.query_directory(fid, info.FILE_ID_BOTH_DIRECTORY, 0, LIST_BUFFER)], generation)
-        finally:
-            trio.lowlevel.spawn_system_task(self._close_listing, fid, generation)
+        except BaseException:
+            trio.lowlevel.spawn_system_task(self._close_listing, held)
+            raise
+        if not self._hold_listing(held):
+            trio.lowlevel.spawn_system_task(self._close_listing, held)
         return before, items
 
-    async def _close_listing(self, fid, generation):
+    async def _close_listing(self, file):
         """Close a listing's handle.  Nothing waits for it, so nothing may escape: a connection lost
         meanwhile (or the mount ended) took the handle with it."""
         try:
-            await self._send([m.close(fid)], generation)
+            await self._close(file)
         except Exception as e:
             log.debug("closing a listing's handle: %s", e)
+
+    def _hold_listing(self, file):
+        """Keep the handle ``file`` of a listing open while its directory lease holds read caching
+        (SMB3 directory leases: Samba 4.22 breaks it before another SMB client adds, removes or
+        renames a name in the directory, or changes a file's size, times or attributes in it; not
+        for a program on the server itself), so that the listing answers without asking again (see
+        Capabilities.caching).  Held among the handles kept open (``deferred``): closed on a break
+        of the lease, before our own unlink, rename or setattr by name (Samba refuses another
+        client's rename of a directory above an open handle, ACCESS_DENIED, breaking only the
+        handle caching of the lease), when the filesystem forgets the node, and at unmount; also
+        once the listing went unused for DIR_LEASE_IDLE seconds, and the least lately used past
+        DIR_LEASES_MAX directories.  False if not held (the caller closes it)."""
+        node, lease = file.node, file.lease
+        if lease is None or not lease.state & m.LEASE_READ or node.path is None or file.generation != lease.generation:
+            return False
+        old = self._undefer(node)
+        if old is not None:  # the same lease: its breaks are still heard while the new handle takes over
+            trio.lowlevel.spawn_system_task(self._close_listing, old)
+        scope = trio.CancelScope()
+        self.deferred[node] = file, scope
+        self._used(node)
+        trio.lowlevel.spawn_system_task(self._close_idle, node, scope)
+        while len(self.dir_leases) > DIR_LEASES_MAX:
+            oldest = next(iter(self.dir_leases))
+            del self.dir_leases[oldest]
+            trio.lowlevel.spawn_system_task(self._close_deferred, oldest)
+        return True
+
+    def _used(self, node):
+        """The listing of ``node``, held under a directory lease, answered: held DIR_LEASE_IDLE more."""
+        self.dir_leases.pop(node, None)
+        self.dir_leases[node] = trio.current_time() + DIR_LEASE_IDLE
+
+    async def _close_idle(self, node, scope):
+        with scope:
+            while (until := self.dir_leases.get(node)) is not None and until > trio.current_time():
+                await trio.sleep_until(until)
+        if not scope.cancelled_caught:
+            await self._close_deferred(node)
 
     async def statfs(self, node):
         path = _path(node)

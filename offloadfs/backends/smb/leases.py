@@ -45,13 +45,17 @@ def _newer(epoch, than):
 
 
 class Lease:
-    """The lease of one file node through one backend: its key, and what is held on which connection."""
-    __slots__ = ("key", "backend", "node", "state", "epoch", "generation", "opens", "pending", "changes", "period")
+    """The lease of one node through one backend: its key, and what is held on which connection.  A
+    directory's (SMB 3 directory leasing) is held by a listing's handle kept open, and its read caching
+    says that no name in the directory changed (see SMBBackend._hold_listing)."""
+    __slots__ = ("key", "backend", "node", "directory", "state", "epoch", "generation", "opens", "pending", "changes",
+                 "period")
 
-    def __init__(self, backend, node):
+    def __init__(self, backend, node, directory=False):
         self.key = uuid.uuid4().bytes
         self.backend = backend
         self.node = node  # None until a create's reply says which file it is
+        self.directory = directory  # its end by our own close is told too (see Capabilities.on_break)
         self.state = 0
         self.epoch = 0
         self.generation = 0
@@ -105,8 +109,8 @@ class Lease:
         """One of our handles under it, of connection ``generation``, closes."""
         if generation == self.generation and self.opens:
             self.opens -= 1
-            if not self.opens:
-                self._set(0, self.epoch, True, notify=False)  # the server ends it with its last open
+            if not self.opens:  # the server ends it with its last open
+                self._set(0, self.epoch, True, notify=self.directory)
 
 
 class Listener:

@@ -142,7 +142,8 @@ def durable_reconnect(file_id, create_guid):
 
 def lease(key, state, v2):
     """Ask for a lease of ``state`` under ``key``: v2 on SMB 3.x (the server then numbers its changes with
-    epochs; ours starts at 0), v1 on 2.1.  No parent key: directories hold no leases here."""
+    epochs; ours starts at 0), v1 on 2.1.  No parent key: a change of ours in a directory we hold a lease on
+    breaks it too, which only costs a listing."""
     if v2:
         return REQUEST_LEASE, _LEASE_V2.pack(key, state, 0, 0, bytes(16), 0, 0)
     return REQUEST_LEASE, _LEASE.pack(key, state, 0, 0)
