@@ -140,7 +140,7 @@ class SMBBackend(Capabilities, Backend):
 
     def counters(self):
         return {"smb_requests": dict(self.requests), "smb_round_trips": self.round_trips,
-                "smb_handles_kept": len(self.deferred)}
+                "smb_handles_kept": len(self.deferred) - len(self.dir_leases), "smb_dir_leases": len(self.dir_leases)}
 
     async def _send(self, msgs, generation=None):
         """Every request of the backend goes out here (Client.call), counted for status and logged with -o debug:
