@@ -6,8 +6,9 @@ them and its own mounts, all removed after the test. The same goes for the
 Samba lab: started on first use, shared by the session.
 
 Tests that should hold wherever the files live take `mount_on(where)`, where
-is "local-KIND" (a loop filesystem of that kind), "smb-KIND" (a Samba share
-on one), "nfs-ganesha" or "nfsd" (an NFS export, see nfskit).
+is "local-KIND" (a loop filesystem of that kind), "smb-KIND" (a Samba 4.17
+share on one), "smb422-btrfs" or "smb422-xfs" (a Samba 4.22 share),
+"nfs-ganesha" or "nfsd" (an NFS export, see nfskit).
 """
 
 import os
@@ -22,6 +23,7 @@ from mpkit import Mount
 
 from offloadfs.lab.loopfs import loop_filesystem
 from offloadfs.lab.mount import offloadfs_mount
+from offloadfs.lab.samba import SAMBA_422
 
 
 @pytest.fixture(autouse=True)
@@ -90,6 +92,16 @@ def smb():
         yield lab
 
 
+@pytest.fixture(scope="session")
+def smb422():
+    """An SmbLab of one Samba 4.22 server, with a btrfs and an xfs share (POSIX extensions and directory
+    leases on)."""
+    if not SAMBA_422.available:
+        pytest.skip(f"Samba 4.22 is not unpacked at {SAMBA_422.root} (scripts/setup unpacks it from backports)")
+    with smbkit.smb_lab(servers=1, kinds=("btrfs", "xfs"), durable=(), samba=SAMBA_422) as lab:
+        yield lab
+
+
 def _nfs_lab(start):
     why = nfskit.missing_tools()
     if why:
@@ -118,6 +130,8 @@ def nfsd_reflink(request):
 
 
 FIXTURES = {"nfs-ganesha": "ganesha", "nfsd": "nfsd", "nfsd-reflink": "nfsd_reflink"}
+# mount_on's SMB hosts: the session's SmbLab fixture and the server in it.
+SMB_HOSTS = {"smb": ("smb", 0), "smb2": ("smb", 1), "smb422": ("smb422", 0)}
 
 
 @pytest.fixture
@@ -127,6 +141,7 @@ def mount_on(request, backing):
 
     where is "local-KIND" (a loop filesystem of that kind), "smb-KIND" (the
     lab's share on one), "smb2-KIND" (the same on the lab's second server),
+    "smb422-btrfs" or "smb422-xfs" (a share of the Samba 4.22 lab),
     "nfs-ganesha", "nfsd" or "nfsd-reflink" (a directory in that server's
     export; its backing is the view nfskit describes).
     """
@@ -143,7 +158,8 @@ def mount_on(request, backing):
             if host == "local":
                 path = backing(kind)
                 return str(path), path
-            url, path = request.getfixturevalue("smb").fresh_dir(kind, server=1 if host == "smb2" else 0)
+            fixture, server = SMB_HOSTS[host]
+            url, path = request.getfixturevalue(fixture).fresh_dir(kind, server=server)
             stack.callback(shutil.rmtree, path, ignore_errors=True)
             return url, path
 
@@ -158,10 +174,17 @@ def mount_on(request, backing):
             if isinstance(where, str) and where in nfskit.PLACES:
                 mountpoint = stack.enter_context(offloadfs_mount(source, options=options))
                 return Mount(mountpoint, path, nfskit.CANNOT[where], nfskit.TIME_STEP_NS)
-            if not any(w.startswith("smb") for w in wheres):
+            smb = {SMB_HOSTS[w.split("-", 1)[0]][0] for w in wheres if w.startswith("smb")}
+            if not smb:
                 return Mount(stack.enter_context(offloadfs_mount(source, options=options)), path)
-            lab = request.getfixturevalue("smb")
-            mountpoint = stack.enter_context(offloadfs_mount(source, options=[*options, *lab.options()]))
-            return Mount(mountpoint, path, smbkit.CANNOT, smbkit.TIME_STEP_NS, lab.wait_closed)
+            labs = [request.getfixturevalue(fixture) for fixture in sorted(smb)]
+            # Every lab has the same user and password: any one's credentials file serves.
+            mountpoint = stack.enter_context(offloadfs_mount(source, options=[*options, *labs[0].options()]))
+
+            def wait_closed(path):
+                for lab in labs:
+                    lab.wait_closed(path)
+
+            return Mount(mountpoint, path, smbkit.CANNOT, smbkit.TIME_STEP_NS, wait_closed)
 
         yield make

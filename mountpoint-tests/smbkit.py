@@ -6,17 +6,20 @@ durable handles across a lost connection) beside the ext4 one. A test gets a
 fresh directory in a share and both ways to reach it: the smb:// URL it
 mounts, and the server-side directory behind the share, where results are
 checked without going through SMB.
+
+A second lab, of one Samba 4.22 server (offloadfs.lab.samba.SAMBA_422) with a
+btrfs and an xfs share, offers the SMB 3.1.1 POSIX extensions and directory
+leases.
 """
 
 import contextlib
 import json
-import subprocess
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from offloadfs.lab.samba import samba_lab
+from offloadfs.lab.samba import SAMBA_417, samba_lab
 
 KINDS = ("btrfs", "xfs", "ext4")
 
@@ -67,15 +70,16 @@ class SmbLab:
     @staticmethod
     def open_files(server):
         """Server-side paths `server` has open, as smbstatus lists them."""
-        out = subprocess.run(["smbstatus", "-s", server.conf, "-L", "-j"], capture_output=True, text=True,
-                             check=True).stdout
+        out = server.samba.run("smbstatus", "-s", server.conf, "-L", "-j", capture_output=True, text=True,
+                               check=True).stdout
         return json.loads(out).get("open_files", {})
 
 
 @contextlib.contextmanager
-def smb_lab(servers=2, kinds=KINDS, rate=None, durable=("ext4",)):
-    """Yield an SmbLab; smbds, namespaces, loop filesystems and the
-    credentials file are gone on exit."""
-    with samba_lab(kinds, rate=rate, servers=servers, durable=durable) as lab, tempfile.TemporaryDirectory() as tmp:
+def smb_lab(servers=2, kinds=KINDS, rate=None, durable=("ext4",), samba=SAMBA_417):
+    """Yield an SmbLab of Samba build `samba`; smbds, namespaces, loop
+    filesystems and the credentials file are gone on exit."""
+    with samba_lab(kinds, rate=rate, servers=servers, durable=durable, samba=samba) as lab, \
+            tempfile.TemporaryDirectory() as tmp:
         credentials = lab.server.write_credentials(Path(tmp, "credentials"))
         yield SmbLab(lab, credentials)

@@ -10,11 +10,17 @@ samba_lab() bundles the usual set-up: one namespace per server, one share
 per backing filesystem kind on a fresh loop filesystem, named after the kind,
 and for the kinds asked a second, durable share on the same filesystem
 (named KIND-durable; see DURABLE).
+
+A server runs one of two Samba builds (see Samba): Debian 12's installed
+4.17, or 4.22 from bookworm-backports, which scripts/setup unpacks under
+/var/cache (never installed over 4.17) and whose shares offer the SMB 3.1.1
+POSIX extensions and directory leases.
 """
 
 import contextlib
 import os
 import pwd
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,6 +38,9 @@ USER = "offloadfs-lab"
 PASSWORD = "offloadfs-lab-password"
 PORT = 445
 STOP_TIMEOUT = 5
+# Where scripts/setup unpacks Samba 4.22 from bookworm-backports (dpkg -x of its packages), beside the
+# installed 4.17: machine-wide like the nfsd guest's cache, so every checkout on the machine finds it.
+SAMBA_422_ROOT = Path("/var/cache/offloadfs-lab/samba-4.22")
 
 GLOBAL = """\
 [global]
@@ -59,6 +68,14 @@ log file = {dir}/smbd.log
 max log size = 0
 """
 
+# What a 4.22 server adds to [global]: directory leases (a global parameter; its default, auto, means on
+# without clustering; they need smb2 leases, oplocks and no kernel oplocks, the defaults, and imply strict
+# rename) and the SMB 3.1.1 POSIX extensions, for every share.
+POSIX_GLOBAL = """\
+smb3 directory leases = yes
+smb3 unix extensions = yes
+"""
+
 SHARE = """
 [{name}]
 path = {path}
@@ -75,6 +92,65 @@ kernel oplocks = no
 kernel share modes = no
 posix locking = no
 """
+
+
+# Paths compiled into Samba builds: their modules (vfs, pdb, auth...) and the helpers smbd starts
+# (samba-dcerpcd when a client opens an RPC pipe, and the rpcd_* it starts in turn).
+MODULES_DIR = "/usr/lib/x86_64-linux-gnu/samba"
+LIBEXEC_DIR = "/usr/libexec/samba"
+# Runs "$@" with an unpacked build's own modules and helpers bind-mounted over the installed build's, in a
+# mount namespace of its own (unshare(1)), so nothing outside it sees them.
+OVERLAY = 'mount --bind "$1" "$2" && mount --bind "$3" "$4" && shift 4 && exec "$@"'
+
+
+@dataclass(frozen=True)
+class Samba:
+    """One Samba build: how to run its programs (smbd, smbpasswd, smbstatus,
+    testparm, smbclient) from where it lies.
+
+    An unpacked build runs with its libraries first on LD_LIBRARY_PATH, and
+    with its own modules dir and libexec dir mounted over the installed
+    build's: both are compiled in, so the installed 4.17's vfs_btrfs or
+    samba-dcerpcd would otherwise be loaded and fail on 4.22's libraries.
+    """
+
+    version: str
+    # "/" for the installed build, else the directory its packages were unpacked into.
+    root: Path
+    # Whether its shares offer the SMB 3.1.1 POSIX extensions and directory leases (POSIX_GLOBAL).
+    posix: bool
+
+    @property
+    def installed(self):
+        return self.root == Path("/")
+
+    @property
+    def available(self):
+        return shutil.which("smbd") is not None if self.installed else (self.root / "usr/sbin/smbd").exists()
+
+    def command(self, name, *args):
+        """argv running its program `name` with `args`."""
+        if self.installed:
+            return [name, *args]
+        program = next(self.root / d / name for d in ("usr/sbin", "usr/bin") if (self.root / d / name).exists())
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", OVERLAY, "sh",
+                self.root / MODULES_DIR.lstrip("/"), MODULES_DIR, self.root / LIBEXEC_DIR.lstrip("/"), LIBEXEC_DIR,
+                program, *args]
+
+    @property
+    def env(self):
+        """The environment its programs run with (None: this process's)."""
+        if self.installed:
+            return None
+        return {**os.environ, "LD_LIBRARY_PATH": str(self.root / "usr/lib/x86_64-linux-gnu")}
+
+    def run(self, name, *args, **kwargs):
+        """subprocess.run of its program `name`."""
+        return subprocess.run(self.command(name, *args), env=self.env, **kwargs)
+
+
+SAMBA_417 = Samba("4.17", Path("/"), posix=False)
+SAMBA_422 = Samba("4.22", SAMBA_422_ROOT, posix=True)
 
 
 def ensure_user():
@@ -157,9 +233,11 @@ class SambaServer(ServerProcess):
 
     program = "smbd"
 
-    def __init__(self, shares, host, net, workdir):
+    def __init__(self, shares, host, net, workdir, samba):
         super().__init__(host, PORT, net, workdir, "smb.conf", "smbd.log")
         self.shares = shares
+        self.samba = samba
+        self.env = samba.env
         self.username = USER
         self.password = PASSWORD
 
@@ -175,7 +253,7 @@ class SambaServer(ServerProcess):
         return path
 
     def command(self):
-        return ["smbd", "--foreground", "--no-process-group", "-s", str(self.conf)]
+        return self.samba.command("smbd", "--foreground", "--no-process-group", "-s", str(self.conf))
 
     def answers(self):
         """smbd accepts TCP connections, from the client side."""
@@ -205,10 +283,12 @@ class SambaServer(ServerProcess):
 
 
 
-def write_config(workdir, host, shares):
+def write_config(workdir, host, shares, samba):
     for sub in ("private", "lock", "state", "cache", "pid", "ncalrpc"):
         (workdir / sub).mkdir()
     text = GLOBAL.format(host=host, port=PORT, dir=workdir)
+    if samba.posix:
+        text += POSIX_GLOBAL
     for share in shares.values():
         text += SHARE.format(name=share.name, path=share.path, user=USER)
         if share.kind == "btrfs":
@@ -216,12 +296,13 @@ def write_config(workdir, host, shares):
             text += "vfs objects = btrfs\n"
         if share.durable:
             text += DURABLE
+
     (workdir / "smb.conf").write_text(text)
 
 
 @contextlib.contextmanager
-def smb_server(shares, net=None):
-    """Yield a running SambaServer exporting shares {name: (path, kind[, durable])}.
+def smb_server(shares, net=None, samba=SAMBA_417):
+    """Yield a running SambaServer of build `samba` exporting shares {name: (path, kind[, durable])}.
 
     With a lab Namespace `net` smbd runs inside it and binds its server
     address; without, it binds 127.0.0.1. kind is the backing filesystem
@@ -232,15 +313,13 @@ def smb_server(shares, net=None):
     host = net.server_addr if net else "127.0.0.1"
     with tempfile.TemporaryDirectory(prefix="offloadfs-samba-") as tmp:
         workdir = Path(tmp)
-        write_config(workdir, host, shares)
+        write_config(workdir, host, shares, samba)
         ensure_user()
-        proc = subprocess.run(
-            ["smbpasswd", "-c", str(workdir / "smb.conf"), "-s", "-a", USER],
-            input=f"{PASSWORD}\n{PASSWORD}\n", capture_output=True, text=True,
-        )
+        proc = samba.run("smbpasswd", "-c", str(workdir / "smb.conf"), "-s", "-a", USER,
+                         input=f"{PASSWORD}\n{PASSWORD}\n", capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"smbpasswd failed: {proc.stdout}{proc.stderr}")
-        server = SambaServer(shares, host, net, workdir)
+        server = SambaServer(shares, host, net, workdir, samba)
         try:
             server.start()
             yield server
@@ -249,8 +328,8 @@ def smb_server(shares, net=None):
 
 
 @contextlib.contextmanager
-def samba_lab(kinds=("btrfs", "xfs", "ext4"), rate=None, servers=1, durable=()):
-    """Yield a Lab of `servers` smbds, each in its own namespace (link shaped
+def samba_lab(kinds=("btrfs", "xfs", "ext4"), rate=None, servers=1, durable=(), samba=SAMBA_417):
+    """Yield a Lab of `servers` smbds of build `samba`, each in its own namespace (link shaped
     to `rate` if given: one rate or a (down, up) pair, as for
     net.server_namespace) with one share per kind on a fresh loop filesystem,
     and a KIND-durable share beside it for each kind in `durable`."""
@@ -267,5 +346,5 @@ def samba_lab(kinds=("btrfs", "xfs", "ext4"), rate=None, servers=1, durable=()):
                 if kind in durable:
                     (root / "durable").mkdir()
                     shares[f"{kind}-durable"] = (root / "durable", kind, True)
-            started.append(stack.enter_context(smb_server(shares, net)))
+            started.append(stack.enter_context(smb_server(shares, net, samba)))
         yield Lab(started)

@@ -9,6 +9,8 @@ class ServerProcess:
     """Subclasses give ``program``, ``command()``, ``answers()``, ``stop()``."""
 
     program = ""
+    # The environment the program runs with (None: this process's).
+    env = None
 
     def __init__(self, host, port, net, workdir, conf, log):
         """``conf`` and ``log``: file names in ``workdir``."""
@@ -39,7 +41,8 @@ class ServerProcess:
         # In a session of its own: smbd signals its whole process group when it exits.
         with open(self.output, "ab") as out:
             spawn = self.net.popen if self.net else lambda *cmd, **kw: subprocess.Popen(cmd, **kw)
-            self.process = spawn(*self.command(), stdout=out, stderr=out, start_new_session=True)
+            self.process = spawn(*self.command(), stdout=out, stderr=out, start_new_session=True,
+                                 env=self.env)
         self.wait_ready()
 
     def wait_ready(self):
