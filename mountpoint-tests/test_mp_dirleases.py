@@ -109,3 +109,20 @@ def test_names_a_leased_listing_lacks_answer_past_attr_timeout_without_a_request
         for name in names:
             assert not os.path.exists(d / name)
     assert requests(ours) == before
+
+
+def test_our_own_changes_keep_the_lease(two_mounts):
+    """Our opens in the directory name its lease as their parent, so Samba breaks it for none of our
+    own changes (the listing follows them itself): the lease is still held after them.  (A break
+    would come before the reply to the change that caused it, on the same connection.)"""
+    ours, _, _ = two_mounts()
+    d = ours / "d"
+    seen(ours, {"f", "g"})
+    assert read_status(ours)["counters"]["smb_dir_leases"] == 1
+    (d / "new").write_bytes(b"y")
+    (d / "f").unlink()
+    (d / "g").rename(d / "h")
+    (d / "sub").mkdir()
+    (d / "sub").rmdir()
+    assert read_status(ours)["counters"]["smb_dir_leases"] == 1
+    seen(ours, {"h", "new"})

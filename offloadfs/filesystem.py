@@ -1232,14 +1232,14 @@ class Filesystem(Operations):
     async def _fetch_listing(self, inode):
         self.stats.listings += 1
         asked, changes = time.monotonic(), inode.dir_changes
+        if inode.source.leases:  # a break while the listing is made may be for a change it predates: not kept
+            self._leased_dirs[(inode.source.index, inode.node)] = inode
         before, items = await inode.source.backend.listdir(inode.node)  # older than the items, as the version must be
         if not self.cache.newer_than(inode.key, inode, before, asked):  # unless we changed the directory meanwhile
             self._cache(inode, before, asked)
         listing = self.dircache.store(inode, before, items, asked, changes)
         if inode.source.leases and listing is inode.listing:
             listing.lease = inode.source.backend.caching(inode.node)
-            if listing.lease is not None:
-                self._leased_dirs[(inode.source.index, inode.node)] = inode
         return listing
 
     def _walk_reached(self, dir):

@@ -481,8 +481,8 @@ class SMBBackend(Capabilities, Backend):
 
     async def _make(self, path, options):
         self._listed.clear()
-        _, body, _ = await self._call([m.create(path, m.READ_ATTRIBUTES, m.CREATE, options), _query_all(), m.close()],
-                                      path)
+        _, body, _ = await self._call([m.create(path, m.READ_ATTRIBUTES, m.CREATE, options, **self._ours(path)),
+                                       _query_all(), m.close()], path)
         a = info.FileAllInformation.unpack(wire.QueryResponse.buffer(body))
         return self._node(path, a), self._stat(a)
 
@@ -508,14 +508,16 @@ class SMBBackend(Capabilities, Backend):
         await self._close_deferred_below(path)
         dispose = m.set_info(info.FILE_DISPOSITION, info.FileDispositionInformation().pack())
         try:
-            await self._call([m.create(path, m.DELETE | m.READ_ATTRIBUTES, m.OPEN, options), dispose, m.close()], path)
+            await self._call([m.create(path, m.DELETE | m.READ_ATTRIBUTES, m.OPEN, options, **self._ours(path)), dispose,
+                              m.close()], path)
         except OSError as e:
             if status_of(e) != errors.CANNOT_DELETE:
                 raise
             # Read-only: POSIX unlinks it anyway (the directory decides), so clear the attribute first.
             a = await self._stat_path(path)
             plain = info.FileBasicInformation(attributes=(a.attributes & ~info.ATTR_READONLY) or info.ATTR_NORMAL)
-            await self._call([m.create(path, m.DELETE | m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES, m.OPEN, options),
+            await self._call([m.create(path, m.DELETE | m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES, m.OPEN, options,
+                                       **self._ours(path)),
                               m.set_info(info.FILE_BASIC, plain.pack()), dispose, m.close()], path)
         _unlinked(self.nodes.get(path))
         self._removed(path)
@@ -531,7 +533,7 @@ class SMBBackend(Capabilities, Backend):
         await self._close_deferred_below(old, new)
         move = info.FileRenameInformation(replace, new).pack()
         try:
-            await self._call([m.create(old, m.DELETE | m.READ_ATTRIBUTES), m.set_info(info.FILE_RENAME, move),
+            await self._call([m.create(old, m.DELETE | m.READ_ATTRIBUTES, **self._ours(old)), m.set_info(info.FILE_RENAME, move),
                               m.close()], old)
         except OSError as e:
             if not replace or status_of(e) not in (errors.OBJECT_NAME_COLLISION, errors.ACCESS_DENIED):
@@ -628,7 +630,7 @@ class SMBBackend(Capabilities, Backend):
         conn, _ = await self.client.tree_id(self.share)  # the connection whose listener hears the lease's breaks
         generation, listener = self.client.generation, self.client.leases
         if lease is not None:
-            contexts.append(lease.context(conn.dialect >= Dialects.SMB_3_0_0))
+            contexts.append(lease.context(conn.dialect >= Dialects.SMB_3_0_0, self._parent_key(path)))
             seen = listener.opening(lease)
         msgs = [m.create(path, access, disposition, options, oplock=m.LEASE if lease else m.NO_OPLOCK,
                          contexts=contexts), _query_all()]
@@ -859,6 +861,8 @@ class SMBBackend(Capabilities, Backend):
                 listener.failed(lease)
             else:
                 listener.opened(lease, created.lease, seen)
+                if lease.changes != seen:  # a break came around the reply, for a change the listing may predate
+                    self._lease_broken(node)
         if created is None:
             raise status_error(create[0], what=path)
         fid = created.file_id
@@ -928,6 +932,19 @@ class SMBBackend(Capabilities, Backend):
             del self.dir_leases[oldest]
             trio.lowlevel.spawn_system_task(self._close_deferred, oldest)
         return True
+
+    def _parent_key(self, path):
+        """The key of the directory lease we hold on ``path``'s directory, or None.  An open of ours there
+        names it as its lease's parent (MS-SMB2 2.2.13.2.10), and Samba 4.22 then breaks it for none of
+        our creates, removals or renames in the directory (the listing follows those itself)."""
+        parent = self.nodes.get(path.rpartition("\\")[0])
+        return parent.lease.key if parent is not None and parent in self.dir_leases else None
+
+    def _ours(self, path):
+        """create() arguments for an open that only changes a name in ``path``'s directory: a lease of
+        nothing (state 0) that names the directory's lease as its parent, where we hold one."""
+        parent = self._parent_key(path)
+        return {} if parent is None else {"oplock": m.LEASE, "contexts": [m.lease(uuid.uuid4().bytes, 0, True, parent)]}
 
     def _used(self, node):
         """The listing of ``node``, held under a directory lease, answered: held DIR_LEASE_IDLE more."""

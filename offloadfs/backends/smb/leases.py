@@ -70,8 +70,8 @@ class Lease:
             return self.key, self.period
         return None
 
-    def context(self, v2):
-        return m.lease(self.key, ASKED, v2)
+    def context(self, v2, parent=None):
+        return m.lease(self.key, ASKED, v2, parent)
 
     def _set(self, state, epoch, continuous, notify=True):
         """The lease holds ``state`` now; ``continuous``: no change we did not hear of came between."""
