@@ -10,10 +10,12 @@ from a clock.
 
 import contextlib
 import os
+import signal
 import time
 
 import pytest
 
+from offloadfs.backends.smb.backend import DIR_LEASE_IDLE
 from offloadfs.cli import read_status
 from offloadfs.lab.mount import offloadfs_mount
 
@@ -45,11 +47,11 @@ def requests(mountpoint):
     return sum(read_status(mountpoint)["counters"]["smb_requests"].values())
 
 
-def seen(ours, names):
+def seen(ours, names, bound=BREAK_BOUND):
     """Wait until ``ours``/d lists exactly ``names``, by readdir and by lookups of each name (the
-    kernel's cache of names and of entries both), for at most BREAK_BOUND seconds."""
+    kernel's cache of names and of entries both), for at most ``bound`` seconds."""
     d = ours / "d"
-    deadline = time.monotonic() + BREAK_BOUND
+    deadline = time.monotonic() + bound
     while True:
         listed = set(os.listdir(d))
         found = {n for n in ("f", "g", "new", "h") if os.path.exists(d / n)}
@@ -126,3 +128,18 @@ def test_our_own_changes_keep_the_lease(two_mounts):
     (d / "sub").rmdir()
     assert read_status(ours)["counters"]["smb_dir_leases"] == 1
     seen(ours, {"h", "new"})
+
+
+def test_a_lost_connection_ends_the_lease_at_once(two_mounts, smb422):
+    """The smbd process of our connection is killed: the lease went with it, and no break will come
+    for a change made before we reconnect.  The names it kept (a "no such file" among them) answer no
+    more from that moment."""
+    ours, theirs, server_dir = two_mounts()
+    seen(ours, {"f", "g"})
+    assert not os.path.exists(ours / "d" / "new")
+    server = smb422.lab.server
+    opens = smb422.open_files(server)[str(server_dir / "d")]["opens"]
+    (pid,) = {int(o["server_id"]["pid"]) for o in opens.values()}
+    os.kill(pid, signal.SIGKILL)
+    (theirs / "d" / "new").write_bytes(b"y")
+    seen(ours, {"f", "g", "new"}, bound=DIR_LEASE_IDLE / 2)  # past that, the lease would end idle anyway

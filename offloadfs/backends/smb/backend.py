@@ -1022,6 +1022,7 @@ class SMBBackend(Capabilities, Backend):
         await self._set_ea(node, ea, b"")
 
     async def close(self):
+        self._on_break = None  # unmounting: the kernel has no names left to drop
         for node in list(self.deferred):
             await self._close_deferred(node)
         if self.client is not None:

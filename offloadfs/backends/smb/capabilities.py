@@ -45,7 +45,7 @@ class Capabilities:
         of its listing, which keeps the lease held."""
         lease = node.lease
         held = None if lease is None or self.client is None else lease.caching(self.client.generation)
-        if held is not None and node.is_dir:
+        if held is not None and node in self.dir_leases:
             self._used(node)
         return held
 

@@ -167,7 +167,10 @@ class Listener:
     def set(self):
         """In the receive worker: a message arrived, or the connection died."""
         header, self.response = self.response, None
-        if header is None or header["command"].get_value() != Commands.SMB2_OPLOCK_BREAK:
+        if header is None:
+            self._in_trio(self._gone)
+            return
+        if header["command"].get_value() != Commands.SMB2_OPLOCK_BREAK:
             return
         try:
             brk = wire.LeaseBreak.unpack(header["data"].get_value())
@@ -175,10 +178,21 @@ class Listener:
             # Not a lease break (an oplock break: we take no oplocks), or malformed; unsigned either way.
             log.debug("%s: unsolicited message ignored: %s", self.client.where, e)
             return
+        self._in_trio(self._broken, brk)
+
+    def _in_trio(self, fn, *args):
         try:
-            self.client.token.run_sync_soon(self._broken, brk)
+            self.client.token.run_sync_soon(fn, *args)
         except trio.RunFinishedError:
             pass
+
+    def _gone(self):
+        """In the trio thread: the connection died, and its leases with it.  A directory's says so now
+        (the names it kept answer no more, and its handle is dropped); a file's at its next open."""
+        for lease in list(self.leases.values()):
+            if lease.directory and lease.generation == self.generation and lease.node is not None:
+                lease._set(0, lease.epoch, False)
+                lease.backend._deferred_broken(lease.node)
 
     def _broken(self, brk):
         """In the trio thread, from the trio token: whatever this raises would end the daemon."""
