@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from offloadfs.backends.smb.backend import DIR_LEASE_IDLE
+from offloadfs.backends.smb.backend import DIR_LEASE_HOLD
 from offloadfs.cli import read_status
 from offloadfs.lab.mount import offloadfs_mount
 
@@ -142,4 +142,4 @@ def test_a_lost_connection_ends_the_lease_at_once(two_mounts, smb422):
     (pid,) = {int(o["server_id"]["pid"]) for o in opens.values()}
     os.kill(pid, signal.SIGKILL)
     (theirs / "d" / "new").write_bytes(b"y")
-    seen(ours, {"f", "g", "new"}, bound=DIR_LEASE_IDLE / 2)  # past that, the lease would end idle anyway
+    seen(ours, {"f", "g", "new"}, bound=DIR_LEASE_HOLD / 2)  # past that, the lease is given back anyway

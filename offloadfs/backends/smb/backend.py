@@ -49,7 +49,9 @@ LIST_MAX_BYTES = 1 << 29  # of replies: a million entries with names of 255 UTF-
 # server handles one while the next crosses the link (1 Gbit lab: sequential 8 MiB writes 65 -> 104 MB/s).
 PIECE = 1 << 20
 LISTED_FOR = 1.0  # seconds a directory listing answers lookups (READDIRPLUS looks up every entry)
-DIR_LEASE_IDLE = 30.0  # seconds a directory lease is held past the last use of its listing (mount.cifs's default)
+# Seconds a directory lease is held after its listing, as mount.cifs's dir_cache_timeout: a program on the
+# server itself breaks none, and its changes show once the lease is given back.
+DIR_LEASE_HOLD = 30.0
 DIR_LEASES_MAX = 64  # directory leases held at once, each an open handle at the server
 # What an SMB name cannot hold: a path separator, a stream name, wildcards, control characters
 BAD_NAME = re.compile(r'[\\:*?"<>|\x00-\x1f]')
@@ -128,7 +130,7 @@ class SMBBackend(Capabilities, Backend):
         self._reopening = trio.Lock()
         self._listed = {}  # path -> (Attributes, expiry) from the last listings; see lookup()
         self.deferred = {}  # Node -> (File, trio.CancelScope of its timer): released, kept open (see release)
-        self.dir_leases = {}  # directory Node -> trio time its held listing handle is given back, least lately used first
+        self.dir_leases = {}  # directory Node -> None: those whose listing's handle is held (see _hold_listing), oldest first
         self.requests = collections.Counter()  # command name -> requests sent
         self.round_trips = 0  # requests and compounds sent, each answered before its caller goes on
 
@@ -755,7 +757,7 @@ class SMBBackend(Capabilities, Backend):
                     and self.target.close_after):
                 scope = trio.CancelScope()
                 self.deferred[node] = file, scope
-                trio.lowlevel.spawn_system_task(self._close_later, node, scope)
+                trio.lowlevel.spawn_system_task(self._close_later, node, scope, self.target.close_after)
                 return
         await self._close(file)
 
@@ -796,9 +798,9 @@ class SMBBackend(Capabilities, Backend):
             scope.cancel()
         return file
 
-    async def _close_later(self, node, scope):
+    async def _close_later(self, node, scope, seconds):
         with scope:
-            await trio.sleep(self.target.close_after)
+            await trio.sleep(seconds)
         if not scope.cancelled_caught:
             await self._close_deferred(node)
 
@@ -915,8 +917,8 @@ class SMBBackend(Capabilities, Backend):
         of the lease, before our own unlink, rename or setattr by name (Samba refuses another
         client's rename of a directory above an open handle, ACCESS_DENIED, breaking only the
         handle caching of the lease), when the filesystem forgets the node, and at unmount; also
-        once the listing went unused for DIR_LEASE_IDLE seconds, and the least lately used past
-        DIR_LEASES_MAX directories.  False if not held (the caller closes it)."""
+        DIR_LEASE_HOLD seconds after the listing, and the oldest past DIR_LEASES_MAX directories.
+        False if not held (the caller closes it)."""
         node, lease = file.node, file.lease
         if lease is None or not lease.state & m.LEASE_READ or node.path is None or file.generation != lease.generation:
             return False
@@ -925,8 +927,8 @@ class SMBBackend(Capabilities, Backend):
             trio.lowlevel.spawn_system_task(self._close_listing, old)
         scope = trio.CancelScope()
         self.deferred[node] = file, scope
-        self._used(node)
-        trio.lowlevel.spawn_system_task(self._close_idle, node, scope)
+        self.dir_leases[node] = None
+        trio.lowlevel.spawn_system_task(self._close_later, node, scope, DIR_LEASE_HOLD)
         while len(self.dir_leases) > DIR_LEASES_MAX:
             oldest = next(iter(self.dir_leases))
             del self.dir_leases[oldest]
@@ -946,17 +948,6 @@ class SMBBackend(Capabilities, Backend):
         parent = self._parent_key(path)
         return {} if parent is None else {"oplock": m.LEASE, "contexts": [m.lease(uuid.uuid4().bytes, 0, True, parent)]}
 
-    def _used(self, node):
-        """The listing of ``node``, held under a directory lease, answered: held DIR_LEASE_IDLE more."""
-        self.dir_leases.pop(node, None)
-        self.dir_leases[node] = trio.current_time() + DIR_LEASE_IDLE
-
-    async def _close_idle(self, node, scope):
-        with scope:
-            while (until := self.dir_leases.get(node)) is not None and until > trio.current_time():
-                await trio.sleep_until(until)
-        if not scope.cancelled_caught:
-            await self._close_deferred(node)
 
     async def statfs(self, node):
         path = _path(node)

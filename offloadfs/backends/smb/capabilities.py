@@ -41,13 +41,9 @@ class Capabilities:
     def caching(self, node):
         """While a lease with read caching is held on ``node``'s file: the same value for as long as it is
         held without a gap (no other client has written the file since it was first this value); else None.
-        A directory's (see SMBBackend._hold_listing): no name in it has changed since; asking counts as a use
-        of its listing, which keeps the lease held."""
+        A directory's (see SMBBackend._hold_listing): no name in it has changed since."""
         lease = node.lease
-        held = None if lease is None or self.client is None else lease.caching(self.client.generation)
-        if held is not None and node in self.dir_leases:
-            self._used(node)
-        return held
+        return None if lease is None or self.client is None else lease.caching(self.client.generation)
 
     def on_break(self, callback):
         """``callback(node)`` from now on, in the trio thread, where read caching of ``node``'s file is lost
