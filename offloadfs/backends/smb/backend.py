@@ -130,7 +130,7 @@ class SMBBackend(Capabilities, Backend):
         self._reopening = trio.Lock()
         self._listed = {}  # path -> (Attributes, expiry) from the last listings; see lookup()
         self.deferred = {}  # Node -> (File, trio.CancelScope of its timer): released, kept open (see release)
-        self.dir_leases = {}  # directory Node -> None: those whose listing's handle is held (see _hold_listing), oldest first
+        self.dir_leases = {}  # directory Node -> None: whose listing's handle is held (_hold_listing), oldest first
         self.requests = collections.Counter()  # command name -> requests sent
         self.round_trips = 0  # requests and compounds sent, each answered before its caller goes on
 
@@ -510,8 +510,8 @@ class SMBBackend(Capabilities, Backend):
         await self._close_deferred_below(path)
         dispose = m.set_info(info.FILE_DISPOSITION, info.FileDispositionInformation().pack())
         try:
-            await self._call([m.create(path, m.DELETE | m.READ_ATTRIBUTES, m.OPEN, options, **self._ours(path)), dispose,
-                              m.close()], path)
+            await self._call([m.create(path, m.DELETE | m.READ_ATTRIBUTES, m.OPEN, options, **self._ours(path)),
+                              dispose, m.close()], path)
         except OSError as e:
             if status_of(e) != errors.CANNOT_DELETE:
                 raise
@@ -535,8 +535,8 @@ class SMBBackend(Capabilities, Backend):
         await self._close_deferred_below(old, new)
         move = info.FileRenameInformation(replace, new).pack()
         try:
-            await self._call([m.create(old, m.DELETE | m.READ_ATTRIBUTES, **self._ours(old)), m.set_info(info.FILE_RENAME, move),
-                              m.close()], old)
+            await self._call([m.create(old, m.DELETE | m.READ_ATTRIBUTES, **self._ours(old)),
+                              m.set_info(info.FILE_RENAME, move), m.close()], old)
         except OSError as e:
             if not replace or status_of(e) not in (errors.OBJECT_NAME_COLLISION, errors.ACCESS_DENIED):
                 raise
@@ -947,7 +947,6 @@ class SMBBackend(Capabilities, Backend):
         nothing (state 0) that names the directory's lease as its parent, where we hold one."""
         parent = self._parent_key(path)
         return {} if parent is None else {"oplock": m.LEASE, "contexts": [m.lease(uuid.uuid4().bytes, 0, True, parent)]}
-
 
     async def statfs(self, node):
         path = _path(node)
