@@ -3,7 +3,8 @@
 Not a test: it prints tables and asserts nothing. Run as root:
     .venv/bin/python benchmarks/metadata.py [--quick] [--out DIR]
 
-One lab smbd behind smbdemo's 1 Gbit link serves an xfs share; offloadfs, `rclone mount` (options in
+One lab smbd (Debian's 4.17, or with --samba 4.22 the lab's 4.22, whose directory leases offloadfs holds)
+behind smbdemo's 1 Gbit link serves an xfs share; offloadfs, `rclone mount` (options in
 peers.RCLONE_OPTIONS) and smbnetfs each mount it. Every round each tool works on a fresh directory of its
 own, so none sees another's caches, and the tools take turns step by step, so a busy moment on the machine
 hits all alike, each going first in a round of its own. The steps: create (`cp -r` of a local tree of
@@ -43,7 +44,7 @@ from pathlib import Path
 import report
 from local import drop_caches
 from offloadfs.lab.mount import status
-from offloadfs.lab.samba import samba_lab
+from offloadfs.lab.samba import SAMBA_417, SAMBA_422, samba_lab
 from offloadfs.lab.smbdemo import RATE, share_mount
 from peers import RCLONE_OPTIONS, install_peers, offloadfs_debug_mount, rclone_mount, smbnetfs_mount
 
@@ -269,6 +270,8 @@ def print_tables(results, requests, size):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="200 files, one round")
+    parser.add_argument("--samba", choices=("4.17", "4.22"), default="4.17",
+                        help="the server: 4.22 has SMB3 directory leases, which offloadfs holds")
     report.add_out_argument(parser)
     args = parser.parse_args()
     size = QUICK if args.quick else FULL
@@ -279,7 +282,8 @@ def main():
         make_tree(local_tree, size["files"], size["dirs"])
         for name, length in (("big", BIG), ("small", SMALL)):
             (workdir / name).write_bytes(os.urandom(length))
-        server = stack.enter_context(samba_lab((KIND,), rate=RATE)).server
+        samba = SAMBA_422 if args.samba == "4.22" else SAMBA_417
+        server = stack.enter_context(samba_lab((KIND,), rate=RATE, samba=samba)).server
         ours = stack.enter_context(share_mount(server, KIND))
         keeps_open = stack.enter_context(share_mount(server, KIND, ["closetimeo=1"]))
         mounts = {

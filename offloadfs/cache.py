@@ -194,6 +194,8 @@ class Listing:
     named: bool = False  # READDIRPLUS handed out its names without their attributes (DirCache.names_will_do)
     walked: float = float("-inf")  # monotonic: a walk listed a first subdirectory (DirCache.walk_reached)
     ahead: bool = False  # the others were fetched ahead of that walk
+    lease: object = None  # what Leases.caching said of the directory when it was stored (DirCache.held)
+    denied: set = None  # names answered absent for as long as the lease holds (DirCache.no_entry)
 
 
 class DirCache:
@@ -222,10 +224,16 @@ class DirCache:
     and carries the attributes, as the kernel's NFS client decides per directory.  A listing of
     many subdirectories is fetched again rather than revalidated: it brings each subdirectory's
     version with its attributes, which then revalidate their listings with no request of their own.
+
+    While the backend holds a directory lease on it (``held``, see Leases), a listing and the
+    names it lacks answer without asking, past attr_timeout too: the server breaks the lease
+    before another client changes a name in it, and the break drops them (Filesystem._lease_broken).
+    Its items' attributes keep their time: a lease says nothing of a write to an open file.
     """
 
-    def __init__(self, timeout):
+    def __init__(self, timeout, held=lambda inode: False):
         self.timeout = timeout
+        self.held = held  # held(inode): its listing is under a directory lease that holds now
         self.statting_until = 0.0  # monotonic: a walk stats the files it lists (see statting)
         self._kept = collections.OrderedDict()  # key -> Listing of a directory the kernel forgot
         self._kept_items = 0
@@ -262,7 +270,9 @@ class DirCache:
         if stats and listing.stats and listing.bare * BARE_SHARE > len(listing.items):
             return None
         until = listing.fetched + self.timeout if stats and listing.stats else listing.expiry
-        return listing if time.monotonic() < until else None
+        if time.monotonic() < until or not (stats and listing.stats) and self.held(inode):
+            return listing
+        return None
 
     def store(self, inode, before, items, asked=None, changes=None):
         """Keep ``items``, listed after the directory had the attributes ``before``; ``asked``
@@ -312,6 +322,8 @@ class DirCache:
             return None
         if self.fresh(inode, stats=True) is listing or self.revalidates(listing, stats=True):
             return listing
+        if self.held(inode) and (not listing.stats or self.names_will_do(listing)):
+            return listing
         return None
 
     def revalidates(self, listing, stats):
@@ -355,8 +367,26 @@ class DirCache:
                 and self.fresh(inode, stats=True) is None and not self.revalidates(listing, stats=True))
 
     def ttl(self, inode):
-        """How long a negative answer from the listing may be kept by the kernel."""
-        return 0.0 if inode.listing is None else max(0.0, inode.listing.expiry - time.monotonic())
+        """How long a negative answer from the listing may be kept by the kernel: under a directory
+        lease, until its break (the caller caps it at entry_timeout)."""
+        if inode.listing is None:
+            return 0.0
+        if self.held(inode):
+            return float("inf")
+        return max(0.0, inode.listing.expiry - time.monotonic())
+
+    def no_entry(self, inode, name):
+        """``ttl`` of the answer that the listing lacks ``name``; one kept past the listing's time is
+        remembered (up to ABSENT_MAX names), so that the lease's break can take it back from the kernel."""
+        ttl = self.ttl(inode)
+        if ttl == float("inf"):
+            listing = inode.listing
+            if listing.denied is None:
+                listing.denied = set()
+            if len(listing.denied) >= ABSENT_MAX:
+                return max(0.0, listing.expiry - time.monotonic())
+            listing.denied.add(name)
+        return ttl
 
     def absent(self, inode, name, asked, changes):
         """The server said ``name`` is not in the directory ``inode``, asked at ``asked``

@@ -153,7 +153,8 @@ class Filesystem(Operations):
         self.sources = [Source(name, backend, i) for i, (name, backend) in enumerate(sources.items())]
         self.multi = len(self.sources) > 1
         self.cache = AttrCache(options.attr_timeout)
-        self.dircache = DirCache(options.attr_timeout)
+        self.dircache = DirCache(options.attr_timeout, self._dir_held)
+        self._leased_dirs = {}  # (source index, node) -> the directory Inode whose listing a lease holds
         self.inodes = {}
         self.by_key = {}
         self.dentries = {}  # (parent nodeid, name) -> Inode: what unlink and rename change
@@ -367,6 +368,7 @@ class Filesystem(Operations):
             self.by_key.pop(inode.key, None)
             if inode.fmt == stat.S_IFDIR:
                 self.dircache.forgotten(inode.key, inode.listing)
+                self._leased_dirs.pop((inode.source.index, inode.node), None)
             for key in inode.names:
                 if self.dentries.get(key) is inode:
                     del self.dentries[key]
@@ -406,7 +408,7 @@ class Filesystem(Operations):
     async def _lookup_listed(self, inode, name, listing):
         """The entry of ``name`` in the directory ``inode`` that ``listing`` (valid) answers for."""
         if name not in listing.items:  # the kernel keeps the answer too, for what is left of the listing's time
-            return self._no_entry(self.dircache.ttl(inode))
+            return self._no_entry(self.dircache.no_entry(inode, name))
         listed = self._listed(inode, name, listing)
         if listed is None and listing.named and listing.items[name].type != DT_DIR:  # see _attributes_listed
             relisted = await self._listing_for_stats(inode)
@@ -723,7 +725,11 @@ class Filesystem(Operations):
     def _lease_broken(self, source, node):
         """A backend's promise on ``node``'s file ended (Leases.on_break): another client is about to
         change it.  The kernel drops its pages and attributes now, not at the next open, and what
-        recognition remembers of it is found no more."""
+        recognition remembers of it is found no more.  A directory's: see _dir_lease_broken."""
+        leased = self._leased_dirs.pop((source.index, node), None)
+        if leased is not None:
+            self._dir_lease_broken(leased)
+            return
         held = {h.inode.nodeid: h.inode for h in self.handles.values()
                 if h.inode.node is node and h.inode.source is source}
         for inode in held.values():
@@ -733,6 +739,30 @@ class Filesystem(Operations):
                 self.recogniser.served.now_at(inode.key, None)
             if self.kernel is not None:
                 trio.lowlevel.spawn_system_task(self._invalidate, inode.nodeid)
+
+    def _dir_held(self, inode):
+        """True while the listing of the directory ``inode`` is under a lease that has held without a gap
+        since the listing was stored (cache.DirCache)."""
+        listing = inode.listing
+        return (listing is not None and listing.lease is not None
+                and inode.source.backend.caching(inode.node) == listing.lease)
+
+    def _dir_lease_broken(self, inode):
+        """The lease on a directory's listing ended: another client is about to change a name in it (or
+        we gave it up).  The listing and the names it answered absent go at once, here and in the
+        kernel, with every name of it the kernel holds (a long entry_timeout kept them) and its own
+        cache of the names; the next lookup or readdir lists again."""
+        if self.inodes.get(inode.nodeid) is not inode:
+            return
+        listing = inode.listing
+        names = set(listing.items) | (listing.denied or set()) if listing is not None else set()
+        keys = [(inode.nodeid, name) for name in names
+                if (inode.nodeid, name) in self.dentries or name in (listing.denied or ())]
+        self.dircache.drop(inode)
+        self.cache.drop(inode)
+        self._drop_names(keys)
+        if self.kernel is not None:
+            trio.lowlevel.spawn_system_task(self._invalidate, inode.nodeid)
 
     async def _invalidate(self, nodeid):
         """Drop the kernel's pages and attributes of ``nodeid``: from a thread, since the kernel waits
@@ -1205,10 +1235,15 @@ class Filesystem(Operations):
     async def _fetch_listing(self, inode):
         self.stats.listings += 1
         asked, changes = time.monotonic(), inode.dir_changes
+        if inode.source.leases:  # a break while the listing is made may be for a change it predates: not kept
+            self._leased_dirs[(inode.source.index, inode.node)] = inode
         before, items = await inode.source.backend.listdir(inode.node)  # older than the items, as the version must be
         if not self.cache.newer_than(inode.key, inode, before, asked):  # unless we changed the directory meanwhile
             self._cache(inode, before, asked)
-        return self.dircache.store(inode, before, items, asked, changes)
+        listing = self.dircache.store(inode, before, items, asked, changes)
+        if inode.source.leases and listing is inode.listing:
+            listing.lease = inode.source.backend.caching(inode.node)
+        return listing
 
     def _walk_reached(self, dir):
         """A walk is about to wait for the listing of ``dir``: at the second subdirectory of a directory,

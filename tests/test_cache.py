@@ -420,3 +420,18 @@ def test_listings_of_forgotten_directories_are_kept_within_a_bound(monkeypatch):
     a.listing = cache.recalled("a")
     assert list(a.listing.items) == [b"x", b"new"]
     assert not cache.revalidates(a.listing, stats=False)
+
+
+def test_a_leased_listing_answers_names_past_its_time_and_not_attributes():
+    """While a directory lease holds (DirCache.held), the names and the names it lacks answer past
+    attr_timeout, racy or not, and the kernel may keep a "no such file" until the break; the items'
+    attributes keep their time (a second write through another client's open handle breaks nothing)."""
+    held = {"now": True}
+    cache, d = DirCache(0.0, lambda inode: held["now"]), _Dir()
+    cache.store(d, dataclasses.replace(OLD_DIR, mtime_ns=time.time_ns()), [DirItem(b"a", 3, 8, Stat(3, stat.S_IFREG))])
+    assert cache.fresh(d) is d.listing
+    assert cache.fresh(d, stats=True) is None
+    assert cache.no_entry(d, b"b") == float("inf") and d.listing.denied == {b"b"}
+    held["now"] = False
+    assert cache.fresh(d) is None
+    assert cache.no_entry(d, b"c") == 0.0 and d.listing.denied == {b"b"}

@@ -271,7 +271,9 @@ class Leases(Protocol):
 
     ``caching(node)``: while such a promise is held on the file, a value that stays the same for as long
     as it is held without a gap; else None.  ``on_break(callback)``: ``callback(node)`` in the trio thread
-    whenever one held ends other than by our own close (the file may change from now on).
+    whenever one held ends other than by our own close (the file may change from now on).  On a
+    directory (SMB3 directory leases) the promise covers its names, and its end is told at our own
+    close too: a listing and the names it lacks are kept for as long as it holds (cache.DirCache).
     """
     def caching(self, node) -> Hashable | None: ...
     def on_break(self, callback) -> None: ...

@@ -50,6 +50,10 @@ LIST_MAX_BYTES = 1 << 29  # of replies: a million entries with names of 255 UTF-
 # server handles one while the next crosses the link (1 Gbit lab: sequential 8 MiB writes 65 -> 104 MB/s).
 PIECE = 1 << 20
 LISTED_FOR = 1.0  # seconds a directory listing answers lookups (READDIRPLUS looks up every entry)
+# Seconds a directory lease is held after its listing, as mount.cifs's dir_cache_timeout: a program on the
+# server itself breaks none, and its changes show once the lease is given back.
+DIR_LEASE_HOLD = 30.0
+DIR_LEASES_MAX = 64  # directory leases held at once, each an open handle at the server
 # What an SMB name cannot hold: a path separator, a stream name, wildcards, control characters (a POSIX
 # open takes them all but / and NUL; \ is our separator in paths, so not that either)
 BAD_NAME = re.compile(r'[\\:*?"<>|\x00-\x1f]')
@@ -129,6 +133,7 @@ class SMBBackend(Capabilities, Backend):
         self._reopening = trio.Lock()
         self._listed = {}  # path -> (Attributes, expiry) from the last listings; see lookup()
         self.deferred = {}  # Node -> (File, trio.CancelScope of its timer): released, kept open (see release)
+        self.dir_leases = {}  # directory Node -> None: whose listing's handle is held (_hold_listing), oldest first
         self.requests = collections.Counter()  # command name -> requests sent
         self.posix = False  # the connection has SMB 3.1.1 POSIX extensions: every open asks for POSIX semantics
         self.round_trips = 0  # requests and compounds sent, each answered before its caller goes on
@@ -141,7 +146,8 @@ class SMBBackend(Capabilities, Backend):
 
     def counters(self):
         return {"smb_requests": dict(self.requests), "smb_round_trips": self.round_trips,
-                "smb_handles_kept": len(self.deferred), "smb_posix_sources": int(self.posix)}
+                "smb_handles_kept": len(self.deferred) - len(self.dir_leases), "smb_dir_leases": len(self.dir_leases),
+                "smb_posix_sources": int(self.posix)}
 
     async def _send(self, msgs, generation=None):
         """Every request of the backend goes out here (Client.call), counted for status and logged with -o debug:
@@ -594,7 +600,8 @@ class SMBBackend(Capabilities, Backend):
         self._listed.clear()
         path = self._child(dir, name)
         if reparse is None:
-            _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES, m.CREATE, options, mode),
+            _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES, m.CREATE, options, mode,
+                                                        **self._ours(path)),
                                            self._query_all(), m.close()], path)
         else:
             body = await self._make_reparse_point(path, options, mode, reparse)
@@ -636,15 +643,16 @@ class SMBBackend(Capabilities, Backend):
         await self._close_deferred_below(path)
         dispose = m.set_info(info.FILE_DISPOSITION, info.FileDispositionInformation().pack())
         try:
-            await self._call([self._create(path, m.DELETE | m.READ_ATTRIBUTES, m.OPEN, options), dispose, m.close()],
-                             path)
+            await self._call([self._create(path, m.DELETE | m.READ_ATTRIBUTES, m.OPEN, options, **self._ours(path)),
+                              dispose, m.close()], path)
         except OSError as e:
             if status_of(e) != errors.CANNOT_DELETE:
                 raise
             # Read-only: POSIX unlinks it anyway (the directory decides), so clear the attribute first.
             a = await self._stat_path(path)
             plain = info.FileBasicInformation(attributes=(a.attributes & ~info.ATTR_READONLY) or info.ATTR_NORMAL)
-            await self._call([self._create(path, m.DELETE | m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES, m.OPEN, options),
+            await self._call([self._create(path, m.DELETE | m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES, m.OPEN, options,
+                                           **self._ours(path)),
                               m.set_info(info.FILE_BASIC, plain.pack()), dispose, m.close()], path)
         _unlinked(self.nodes.get(path))
         self._removed(path)
@@ -682,8 +690,8 @@ class SMBBackend(Capabilities, Backend):
 
     async def _rename_on_server(self, old, new, replace):
         move = info.FileRenameInformation(replace, self._wire_path(new)).pack()
-        await self._call([self._create(old, m.DELETE | m.READ_ATTRIBUTES), m.set_info(info.FILE_RENAME, move),
-                          m.close()], old)
+        await self._call([self._create(old, m.DELETE | m.READ_ATTRIBUTES, **self._ours(old)),
+                          m.set_info(info.FILE_RENAME, move), m.close()], old)
 
     async def _replace_open_file(self, old, new):
         """Rename ``old`` over ``new``, which we hold open: smbd refuses a rename over a file its own
@@ -700,8 +708,8 @@ class SMBBackend(Capabilities, Backend):
             await self._rename_on_server(aside, new, False)
             raise
         dispose = m.set_info(info.FILE_DISPOSITION, info.FileDispositionInformation().pack())
-        await self._call([self._create(aside, m.DELETE | m.READ_ATTRIBUTES, m.OPEN, m.NON_DIRECTORY_FILE), dispose,
-                          m.close()], aside)
+        await self._call([self._create(aside, m.DELETE | m.READ_ATTRIBUTES, m.OPEN, m.NON_DIRECTORY_FILE,
+                                       **self._ours(aside)), dispose, m.close()], aside)
 
     # -- files ----------------------------------------------------------------------
 
@@ -709,7 +717,7 @@ class SMBBackend(Capabilities, Backend):
         truncate = flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY
         if truncate:
             self._listed.clear()  # a listing's size of the file is wrong from now on
-        elif _access(flags) == m.READ:
+        elif _access(flags) == m.READ and not node.is_dir:  # a directory's is a listing's (_hold_listing)
             file = await self._take_back(node)
             if file is not None:
                 return file
@@ -784,7 +792,7 @@ class SMBBackend(Capabilities, Backend):
         conn, _ = await self.client.tree_id(self.share)  # the connection whose listener hears the lease's breaks
         generation, listener = self.client.generation, self.client.leases
         if lease is not None:
-            contexts.append(lease.context(conn.dialect >= Dialects.SMB_3_0_0))
+            contexts.append(lease.context(conn.dialect >= Dialects.SMB_3_0_0, self._parent_key(path)))
             seen = listener.opening(lease)
         msgs = [self._create(path, access, disposition, options, mode, oplock=m.LEASE if lease else m.NO_OPLOCK,
                              contexts=contexts), self._query_all()]
@@ -910,7 +918,7 @@ class SMBBackend(Capabilities, Backend):
                     and self.target.close_after):
                 scope = trio.CancelScope()
                 self.deferred[node] = file, scope
-                trio.lowlevel.spawn_system_task(self._close_later, node, scope)
+                trio.lowlevel.spawn_system_task(self._close_later, node, scope, self.target.close_after)
                 return
         await self._close(file)
 
@@ -946,13 +954,14 @@ class SMBBackend(Capabilities, Backend):
     def _undefer(self, node):
         """The handle kept open for ``node`` (its timer stopped), or None."""
         file, scope = self.deferred.pop(node, (None, None))
+        self.dir_leases.pop(node, None)
         if scope is not None:
             scope.cancel()
         return file
 
-    async def _close_later(self, node, scope):
+    async def _close_later(self, node, scope, seconds):
         with scope:
-            await trio.sleep(self.target.close_after)
+            await trio.sleep(seconds)
         if not scope.cancelled_caught:
             await self._close_deferred(node)
 
@@ -990,18 +999,38 @@ class SMBBackend(Capabilities, Backend):
     async def listdir(self, node):
         """The open, the directory's attributes and the first two pages in one compound: a
         directory of one page (up to some 500 entries) is listed in one round trip, its second page
-        the STATUS_NO_MORE_FILES that ends it.  Its handle is closed after the listing is answered."""
+        the STATUS_NO_MORE_FILES that ends it.  Its handle is closed after the listing is answered,
+        unless it holds a directory lease (see _hold_listing)."""
         path = _path(node)
-        create, queried, *pages = await self._send([
-            self._create(path, m.READ_DATA | m.READ_ATTRIBUTES | m.SYNCHRONIZE, m.OPEN, m.DIRECTORY_FILE),
-            self._query_all(),
-            self._list_page(m.RELATED, m.RESTART_SCAN),
-            self._list_page(m.RELATED, 0)])
-        generation = self.client.generation
+        conn, _ = await self.client.tree_id(self.share)
+        generation, listener = self.client.generation, self.client.leases
+        lease = self._lease_of(node) if conn.supports_directory_leasing else None
+        seen = listener.opening(lease) if lease is not None else None
+        try:
+            create, queried, *pages = await self._send([
+                self._create(path, m.READ_DATA | m.READ_ATTRIBUTES | m.SYNCHRONIZE, m.OPEN, m.DIRECTORY_FILE,
+                             oplock=m.LEASE if lease else m.NO_OPLOCK, contexts=[lease.context(True)] if lease else ()),
+                self._query_all(),
+                self._list_page(m.RELATED, m.RESTART_SCAN),
+                self._list_page(m.RELATED, 0)], generation)
+        except BaseException:
+            if lease is not None:
+                listener.failed(lease)
+            raise
         expiry = trio.current_time() + LISTED_FOR
-        if create[0] != errors.SUCCESS:
+        created = wire.CreateResponse.unpack(create[1]) if create[0] == errors.SUCCESS else None
+        if lease is not None:
+            if created is None:
+                listener.failed(lease)
+            else:
+                listener.opened(lease, created.lease, seen)
+                if lease.changes != seen:  # a break came around the reply, for a change the listing may predate
+                    self._lease_broken(node)
+        if created is None:
             raise status_error(create[0], what=path)
-        fid = wire.CreateResponse.unpack(create[1]).file_id
+        fid = created.file_id
+        held = File(self, node, m.READ_DATA, fid, generation)
+        held.lease = lease
         items = []
         seen = _Pages(f"{self.client.where}: listing of {path or 'the share'}",
                       posix.FilePosixDirectoryInformation if self.posix else info.FileIdBothDirectoryInformation)
@@ -1026,17 +1055,60 @@ class SMBBackend(Capabilities, Backend):
                 if not pages:
                     pages = await self._send(
                         [self._list_page(fid, 0)], generation)
-        finally:
-            trio.lowlevel.spawn_system_task(self._close_listing, fid, generation)
+        except BaseException:
+            trio.lowlevel.spawn_system_task(self._close_listing, held)
+            raise
+        if not self._hold_listing(held):
+            trio.lowlevel.spawn_system_task(self._close_listing, held)
         return before, items
 
-    async def _close_listing(self, fid, generation):
+    async def _close_listing(self, file):
         """Close a listing's handle.  Nothing waits for it, so nothing may escape: a connection lost
         meanwhile (or the mount ended) took the handle with it."""
         try:
-            await self._send([m.close(fid)], generation)
+            await self._close(file)
         except Exception as e:
             log.debug("closing a listing's handle: %s", e)
+
+    def _hold_listing(self, file):
+        """Keep the handle ``file`` of a listing open while its directory lease holds read caching
+        (SMB3 directory leases: Samba 4.22 breaks it before another SMB client adds, removes or
+        renames a name in the directory, or changes a file's size, times or attributes in it; not
+        for a program on the server itself), so that the listing answers without asking again (see
+        Capabilities.caching).  Held among the handles kept open (``deferred``): closed on a break
+        of the lease, before our own unlink, rename or setattr by name (Samba refuses another
+        client's rename of a directory above an open handle, ACCESS_DENIED, breaking only the
+        handle caching of the lease), when the filesystem forgets the node, and at unmount; also
+        DIR_LEASE_HOLD seconds after the listing, and the oldest past DIR_LEASES_MAX directories.
+        False if not held (the caller closes it)."""
+        node, lease = file.node, file.lease
+        if lease is None or not lease.state & m.LEASE_READ or node.path is None or file.generation != lease.generation:
+            return False
+        old = self._undefer(node)
+        if old is not None:  # the same lease: its breaks are still heard while the new handle takes over
+            trio.lowlevel.spawn_system_task(self._close_listing, old)
+        scope = trio.CancelScope()
+        self.deferred[node] = file, scope
+        self.dir_leases[node] = None
+        trio.lowlevel.spawn_system_task(self._close_later, node, scope, DIR_LEASE_HOLD)
+        while len(self.dir_leases) > DIR_LEASES_MAX:
+            oldest = next(iter(self.dir_leases))
+            del self.dir_leases[oldest]
+            trio.lowlevel.spawn_system_task(self._close_deferred, oldest)
+        return True
+
+    def _parent_key(self, path):
+        """The key of the directory lease we hold on ``path``'s directory, or None.  An open of ours there
+        names it as its lease's parent (MS-SMB2 2.2.13.2.10), and Samba 4.22 then breaks it for none of
+        our creates, removals or renames in the directory (the listing follows those itself)."""
+        parent = self.nodes.get(path.rpartition("\\")[0])
+        return parent.lease.key if parent is not None and parent in self.dir_leases else None
+
+    def _ours(self, path):
+        """create() arguments for an open that only changes a name in ``path``'s directory: a lease of
+        nothing (state 0) that names the directory's lease as its parent, where we hold one."""
+        parent = self._parent_key(path)
+        return {} if parent is None else {"oplock": m.LEASE, "contexts": [m.lease(uuid.uuid4().bytes, 0, True, parent)]}
 
     async def statfs(self, node):
         path = _path(node)
@@ -1102,6 +1174,7 @@ class SMBBackend(Capabilities, Backend):
         await self._set_ea(node, ea, b"")
 
     async def close(self):
+        self._on_break = None  # unmounting: the kernel has no names left to drop
         for node in list(self.deferred):
             await self._close_deferred(node)
         if self.client is not None:

@@ -40,13 +40,15 @@ class Capabilities:
 
     def caching(self, node):
         """While a lease with read caching is held on ``node``'s file: the same value for as long as it is
-        held without a gap (no other client has written the file since it was first this value); else None."""
+        held without a gap (no other client has written the file since it was first this value); else None.
+        A directory's (see SMBBackend._hold_listing): no name in it has changed since."""
         lease = node.lease
         return None if lease is None or self.client is None else lease.caching(self.client.generation)
 
     def on_break(self, callback):
         """``callback(node)`` from now on, in the trio thread, where read caching of ``node``'s file is lost
-        other than by our own close: another client is about to change it, or the connection went."""
+        other than by our own close: another client is about to change it, or the connection went.  For a
+        directory, at our own close too (the caller may have handed out names for as long as it held)."""
         self._on_break = callback
 
     def _lease_broken(self, node):
@@ -58,7 +60,7 @@ class Capabilities:
         if node is None:
             return leases.Lease(self, None)
         if node.lease is None:
-            node.lease = leases.Lease(self, node)
+            node.lease = leases.Lease(self, node, node.is_dir)
         return node.lease
 
     async def seek(self, file, offset, whence):

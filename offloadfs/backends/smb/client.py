@@ -33,6 +33,7 @@ import time
 import uuid
 
 import trio
+from smbprotocol.connection import Capabilities
 from smbprotocol.exceptions import SMBException, SMBResponseException
 from smbprotocol.session import Session
 from smbprotocol.tree import TreeConnect
@@ -188,6 +189,7 @@ class Client:
         self.trees = {}
         conn = GuardedConnection(self.guid, self.target.host, self.target.port, require_signing=True)
         conn.want_posix = self.target.posix is not False
+        conn.client_capabilities |= Capabilities.SMB2_GLOBAL_CAP_DIRECTORY_LEASING  # see SMBBackend._hold_listing
         try:
             session = await self._blocking(conn, self._connect_sync, conn)
         except BaseException:

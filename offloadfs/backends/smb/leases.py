@@ -45,13 +45,17 @@ def _newer(epoch, than):
 
 
 class Lease:
-    """The lease of one file node through one backend: its key, and what is held on which connection."""
-    __slots__ = ("key", "backend", "node", "state", "epoch", "generation", "opens", "pending", "changes", "period")
+    """The lease of one node through one backend: its key, and what is held on which connection.  A
+    directory's (SMB 3 directory leasing) is held by a listing's handle kept open, and its read caching
+    says that no name in the directory changed (see SMBBackend._hold_listing)."""
+    __slots__ = ("key", "backend", "node", "directory", "state", "epoch", "generation", "opens", "pending", "changes",
+                 "period")
 
-    def __init__(self, backend, node):
+    def __init__(self, backend, node, directory=False):
         self.key = uuid.uuid4().bytes
         self.backend = backend
         self.node = node  # None until a create's reply says which file it is
+        self.directory = directory  # its end by our own close is told too (see Capabilities.on_break)
         self.state = 0
         self.epoch = 0
         self.generation = 0
@@ -66,8 +70,8 @@ class Lease:
             return self.key, self.period
         return None
 
-    def context(self, v2):
-        return m.lease(self.key, ASKED, v2)
+    def context(self, v2, parent=None):
+        return m.lease(self.key, ASKED, v2, parent)
 
     def _set(self, state, epoch, continuous, notify=True):
         """The lease holds ``state`` now; ``continuous``: no change we did not hear of came between."""
@@ -105,8 +109,8 @@ class Lease:
         """One of our handles under it, of connection ``generation``, closes."""
         if generation == self.generation and self.opens:
             self.opens -= 1
-            if not self.opens:
-                self._set(0, self.epoch, True, notify=False)  # the server ends it with its last open
+            if not self.opens:  # the server ends it with its last open
+                self._set(0, self.epoch, True, notify=self.directory)
 
 
 class Listener:
@@ -163,7 +167,10 @@ class Listener:
     def set(self):
         """In the receive worker: a message arrived, or the connection died."""
         header, self.response = self.response, None
-        if header is None or header["command"].get_value() != Commands.SMB2_OPLOCK_BREAK:
+        if header is None:
+            self._in_trio(self._gone)
+            return
+        if header["command"].get_value() != Commands.SMB2_OPLOCK_BREAK:
             return
         try:
             brk = wire.LeaseBreak.unpack(header["data"].get_value())
@@ -171,10 +178,21 @@ class Listener:
             # Not a lease break (an oplock break: we take no oplocks), or malformed; unsigned either way.
             log.debug("%s: unsolicited message ignored: %s", self.client.where, e)
             return
+        self._in_trio(self._broken, brk)
+
+    def _in_trio(self, fn, *args):
         try:
-            self.client.token.run_sync_soon(self._broken, brk)
+            self.client.token.run_sync_soon(fn, *args)
         except trio.RunFinishedError:
             pass
+
+    def _gone(self):
+        """In the trio thread: the connection died, and its leases with it.  A directory's says so now
+        (the names it kept answer no more, and its handle is dropped); a file's at its next open."""
+        for lease in list(self.leases.values()):
+            if lease.directory and lease.generation == self.generation and lease.node is not None:
+                lease._set(0, lease.epoch, False)
+                lease.backend._deferred_broken(lease.node)
 
     def _broken(self, brk):
         """In the trio thread, from the trio token: whatever this raises would end the daemon."""

@@ -49,6 +49,7 @@ LEASE = 0xFF
 LEASE_READ = 0x01
 LEASE_HANDLE = 0x02
 LEASE_WRITE = 0x04
+PARENT_LEASE_KEY_SET = 0x04  # lease v2 flag (2.2.13.2.10)
 REQUEST_LEASE = b"RqLs"  # 2.2.13.2.8 and .10; its response context has the same name
 DURABLE_V2 = b"DH2Q"  # 2.2.13.2.11; its response context has the same name
 DURABLE_RECONNECT_V2 = b"DH2C"  # 2.2.13.2.12
@@ -144,11 +145,13 @@ def durable_reconnect(file_id, create_guid):
     return DURABLE_RECONNECT_V2, _DURABLE_RECONNECT.pack(file_id, create_guid.bytes, 0)
 
 
-def lease(key, state, v2):
+def lease(key, state, v2, parent=None):
     """Ask for a lease of ``state`` under ``key``: v2 on SMB 3.x (the server then numbers its changes with
-    epochs; ours starts at 0), v1 on 2.1.  No parent key: directories hold no leases here."""
+    epochs; ours starts at 0), v1 on 2.1.  ``parent``: the key of the directory lease we hold on the
+    file's directory (v2 only), which the open's changes there then do not break."""
     if v2:
-        return REQUEST_LEASE, _LEASE_V2.pack(key, state, 0, 0, bytes(16), 0, 0)
+        return REQUEST_LEASE, _LEASE_V2.pack(key, state, PARENT_LEASE_KEY_SET if parent else 0, 0, parent or bytes(16),
+                                             0, 0)
     return REQUEST_LEASE, _LEASE.pack(key, state, 0, 0)
 
 

@@ -1,0 +1,145 @@
+"""SMB3 directory leases (Samba 4.22): a directory's listing and the names it lacks, kept until the break.
+
+Our mount lists a directory and holds a lease with read and handle caching on
+it; Samba breaks the lease before another SMB client adds, removes or renames
+a name in it.  The other client is a second offloadfs mount of the same
+directory (its own connection).  Our mount's attribute and entry timeouts are
+an hour: what it sees of another client's change comes from the break, never
+from a clock.
+"""
+
+import contextlib
+import os
+import signal
+import time
+
+import pytest
+
+from offloadfs.backends.smb.backend import DIR_LEASE_HOLD
+from offloadfs.cli import read_status
+from offloadfs.lab.mount import offloadfs_mount
+
+KIND = "xfs"
+LONG = ["attr_timeout=3600", "entry_timeout=3600"]
+BREAK_BOUND = 30  # seconds: a change that shows later came from no break (the timeouts are an hour)
+
+
+@pytest.fixture
+def two_mounts(smb422):
+    """mounts(options) -> (ours, the other client's, the directory on the server): two mounts of one
+    fresh directory of a 4.22 share, which holds a directory d with files f and g."""
+    with contextlib.ExitStack() as stack:
+
+        def make(options=LONG):
+            url, path = smb422.fresh_dir(KIND)
+            (path / "d").mkdir()
+            for name in ("f", "g"):
+                (path / "d" / name).write_bytes(b"x")
+            ours = stack.enter_context(offloadfs_mount(url, options=[*options, *smb422.options()]))
+            theirs = stack.enter_context(offloadfs_mount(url, options=smb422.options()))
+            return ours, theirs, path
+
+        yield make
+
+
+def requests(mountpoint):
+    """SMB requests the mount has sent, all commands together."""
+    return sum(read_status(mountpoint)["counters"]["smb_requests"].values())
+
+
+def seen(ours, names, bound=BREAK_BOUND):
+    """Wait until ``ours``/d lists exactly ``names``, by readdir and by lookups of each name (the
+    kernel's cache of names and of entries both), for at most ``bound`` seconds."""
+    d = ours / "d"
+    deadline = time.monotonic() + bound
+    while True:
+        listed = set(os.listdir(d))
+        found = {n for n in ("f", "g", "new", "h") if os.path.exists(d / n)}
+        if listed == found == names:
+            return
+        assert time.monotonic() < deadline, f"{d} lists {listed}, lookups find {found}, not {names}"
+        time.sleep(0.05)
+
+
+CHANGES = {
+    "create": (lambda d: (d / "new").write_bytes(b"y"), {"f", "g", "new"}),
+    "unlink": (lambda d: (d / "f").unlink(), {"g"}),
+    "rename": (lambda d: (d / "g").rename(d / "h"), {"f", "h"}),
+    "rename over": (lambda d: (d / "g").rename(d / "f"), {"f"}),
+    "mkdir": (lambda d: (d / "new").mkdir(), {"f", "g", "new"}),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_another_clients_change_of_a_name_shows_at_the_break(two_mounts, change):
+    """Listed and looked up (a name that is not there too: the kernel keeps that answer), then
+    changed by the other client: our mount lists and looks up the change at once."""
+    ours, theirs, _ = two_mounts()
+    seen(ours, {"f", "g"})
+    assert not os.path.exists(ours / "d" / "new")
+    act, after = CHANGES[change]
+    act(theirs / "d")
+    seen(ours, after)
+
+
+def test_each_change_shows_in_turn(two_mounts):
+    """The lease is taken again with the next listing, and broken again by the next change."""
+    ours, theirs, _ = two_mounts()
+    seen(ours, {"f", "g"})
+    d = theirs / "d"
+    for act, after in ((lambda: (d / "new").write_bytes(b"y"), {"f", "g", "new"}),
+                       (lambda: (d / "f").unlink(), {"g", "new"}),
+                       (lambda: (d / "g").rename(d / "h"), {"new", "h"})):
+        act()
+        seen(ours, after)
+
+
+def test_names_a_leased_listing_lacks_answer_past_attr_timeout_without_a_request(two_mounts):
+    """attr_timeout=1: past it, a lookup of a name the listing lacks would have the directory's
+    attributes asked for again, to revalidate the listing (the kernel keeps a "no such file" only
+    for what is left of the listing's time).  Under the lease the kernel keeps it until the break,
+    and nothing is asked."""
+    ours, _, _ = two_mounts(["attr_timeout=1", "entry_timeout=3600"])
+    d = ours / "d"
+    assert sorted(os.listdir(d)) == ["f", "g"]
+    names = ("absent", "new", "h")
+    for name in names:
+        assert not os.path.exists(d / name)
+    time.sleep(2)
+    before = requests(ours)
+    for _ in range(3):
+        for name in names:
+            assert not os.path.exists(d / name)
+    assert requests(ours) == before
+
+
+def test_our_own_changes_keep_the_lease(two_mounts):
+    """Our opens in the directory name its lease as their parent, so Samba breaks it for none of our
+    own changes (the listing follows them itself): the lease is still held after them.  (A break
+    would come before the reply to the change that caused it, on the same connection.)"""
+    ours, _, _ = two_mounts()
+    d = ours / "d"
+    seen(ours, {"f", "g"})
+    assert read_status(ours)["counters"]["smb_dir_leases"] == 1
+    (d / "new").write_bytes(b"y")
+    (d / "f").unlink()
+    (d / "g").rename(d / "h")
+    (d / "sub").mkdir()
+    (d / "sub").rmdir()
+    assert read_status(ours)["counters"]["smb_dir_leases"] == 1
+    seen(ours, {"h", "new"})
+
+
+def test_a_lost_connection_ends_the_lease_at_once(two_mounts, smb422):
+    """The smbd process of our connection is killed: the lease went with it, and no break will come
+    for a change made before we reconnect.  The names it kept (a "no such file" among them) answer no
+    more from that moment."""
+    ours, theirs, server_dir = two_mounts()
+    seen(ours, {"f", "g"})
+    assert not os.path.exists(ours / "d" / "new")
+    server = smb422.lab.server
+    opens = smb422.open_files(server)[str(server_dir / "d")]["opens"]
+    (pid,) = {int(o["server_id"]["pid"]) for o in opens.values()}
+    os.kill(pid, signal.SIGKILL)
+    (theirs / "d" / "new").write_bytes(b"y")
+    seen(ours, {"f", "g", "new"}, bound=DIR_LEASE_HOLD / 2)  # past that, the lease is given back anyway
