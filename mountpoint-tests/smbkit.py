@@ -81,8 +81,8 @@ class SmbLab:
     @staticmethod
     def open_files(server):
         """Server-side paths `server` has open, as smbstatus lists them."""
-        out = server.samba.run("smbstatus", "-s", server.conf, "-L", "-j", capture_output=True, text=True,
-                               check=True).stdout
+        out = server.run("smbstatus", "-s", server.conf, "-L", "-j", capture_output=True, text=True,
+                         check=True).stdout
         return json.loads(out).get("open_files", {})
 
 

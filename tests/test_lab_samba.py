@@ -256,6 +256,14 @@ def test_teardown_leaves_nothing():
     assert not is_mounted(mount) and not workdir.exists()
 
 
+def test_smbd_sees_no_other_sambas_winbindd(lab):
+    """A winbindd of another Samba on the machine (a lab's AD DC) listens at the socket path compiled into
+    smbd; asked, it maps our user's SID to a uid unknown here and every logon fails. Our smbds see an empty
+    tmpfs there instead."""
+    mounts = Path(f"/proc/{lab.server.process.pid}/mountinfo").read_text().splitlines()
+    assert any(line.split()[4] == samba.RUN_DIR and " - tmpfs " in line for line in mounts)
+
+
 needs_422 = pytest.mark.skipif(not samba.SAMBA_422.available,
                                reason=f"Samba 4.22 is not unpacked at {samba.SAMBA_422.root} (scripts/setup)")
 
@@ -333,7 +341,7 @@ def test_a_422_server_runs_422_throughout(lab422):
     btrfs = os.stat(root / "usr/lib/x86_64-linux-gnu/samba/vfs/btrfs.so")
     mapped = {int(line.split()[4]) for line in maps.splitlines() if line.endswith("/vfs/btrfs.so")}
     assert mapped == {btrfs.st_ino}
-    status = server.samba.run("smbstatus", "-s", str(server.conf), "-j", capture_output=True, text=True, check=True)
+    status = server.run("smbstatus", "-s", str(server.conf), "-j", capture_output=True, text=True, check=True)
     assert json.loads(status.stdout)["version"].startswith("4.22.")
 
 
