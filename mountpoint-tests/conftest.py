@@ -94,11 +94,11 @@ def smb():
 
 @pytest.fixture(scope="session")
 def smb422():
-    """An SmbLab of one Samba 4.22 server, with a btrfs and an xfs share (POSIX extensions and directory
-    leases on)."""
+    """An SmbLab of one Samba 4.22 server (POSIX extensions and directory leases on), with a btrfs, an xfs
+    and an xfs-durable share."""
     if not SAMBA_422.available:
         pytest.skip(f"Samba 4.22 is not unpacked at {SAMBA_422.root} (scripts/setup unpacks it from backports)")
-    with smbkit.smb_lab(servers=1, kinds=("btrfs", "xfs"), durable=(), samba=SAMBA_422) as lab:
+    with smbkit.smb_lab(servers=1, kinds=("btrfs", "xfs"), durable=("xfs",), samba=SAMBA_422) as lab:
         yield lab
 
 
@@ -130,8 +130,6 @@ def nfsd_reflink(request):
 
 
 FIXTURES = {"nfs-ganesha": "ganesha", "nfsd": "nfsd", "nfsd-reflink": "nfsd_reflink"}
-# mount_on's SMB hosts: the session's SmbLab fixture and the server in it.
-SMB_HOSTS = {"smb": ("smb", 0), "smb2": ("smb", 1), "smb422": ("smb422", 0)}
 
 
 @pytest.fixture
@@ -141,7 +139,7 @@ def mount_on(request, backing):
 
     where is "local-KIND" (a loop filesystem of that kind), "smb-KIND" (the
     lab's share on one), "smb2-KIND" (the same on the lab's second server),
-    "smb422-btrfs" or "smb422-xfs" (a share of the Samba 4.22 lab),
+    "smb422-btrfs", "smb422-xfs" or "smb422-xfs-durable" (a share of the Samba 4.22 lab),
     "nfs-ganesha", "nfsd" or "nfsd-reflink" (a directory in that server's
     export; its backing is the view nfskit describes).
     """
@@ -158,8 +156,8 @@ def mount_on(request, backing):
             if host == "local":
                 path = backing(kind)
                 return str(path), path
-            fixture, server = SMB_HOSTS[host]
-            url, path = request.getfixturevalue(fixture).fresh_dir(kind, server=server)
+            lab, server, share = smbkit.place(request, where)
+            url, path = lab.fresh_dir(share, server=server)
             stack.callback(shutil.rmtree, path, ignore_errors=True)
             return url, path
 
@@ -174,10 +172,12 @@ def mount_on(request, backing):
             if isinstance(where, str) and where in nfskit.PLACES:
                 mountpoint = stack.enter_context(offloadfs_mount(source, options=options))
                 return Mount(mountpoint, path, nfskit.CANNOT[where], nfskit.TIME_STEP_NS)
-            smb = {SMB_HOSTS[w.split("-", 1)[0]][0] for w in wheres if w.startswith("smb")}
-            if not smb:
+            labs = []  # the SmbLabs serving the mount's places
+            for w in wheres:
+                if w.startswith("smb") and (lab := smbkit.place(request, w)[0]) not in labs:
+                    labs.append(lab)
+            if not labs:
                 return Mount(stack.enter_context(offloadfs_mount(source, options=options)), path)
-            labs = [request.getfixturevalue(fixture) for fixture in sorted(smb)]
             # Every lab has the same user and password: any one's credentials file serves.
             mountpoint = stack.enter_context(offloadfs_mount(source, options=[*options, *labs[0].options()]))
 

@@ -47,6 +47,17 @@ POSIX_CANNOT = {
 # SMB timestamps count 100 ns steps.
 TIME_STEP_NS = 100
 
+# The SMB places' hosts ("HOST-SHARE", as mount_on takes them): the session fixture of the SmbLab that
+# serves them, and which server of it.
+HOSTS = {"smb": ("smb", 0), "smb2": ("smb", 1), "smb422": ("smb422", 0)}
+
+
+def place(request, where):
+    """(SmbLab, server index, share name) of the SMB place `where`, starting its lab if need be."""
+    host, share = where.split("-", 1)
+    fixture, server = HOSTS[host]
+    return request.getfixturevalue(fixture), server, share
+
 
 class SmbLab:
     """A running samba_lab and a credentials file for its user."""
@@ -81,8 +92,8 @@ class SmbLab:
     @staticmethod
     def open_files(server):
         """Server-side paths `server` has open, as smbstatus lists them."""
-        out = server.samba.run("smbstatus", "-s", server.conf, "-L", "-j", capture_output=True, text=True,
-                               check=True).stdout
+        out = server.run("smbstatus", "-s", server.conf, "-L", "-j", capture_output=True, text=True,
+                         check=True).stdout
         return json.loads(out).get("open_files", {})
 
 

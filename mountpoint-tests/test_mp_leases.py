@@ -1,4 +1,5 @@
-"""What SMB leases let the mount cache, and what a break takes away (Samba 4.17, both share configurations).
+"""What SMB leases let the mount cache, and what a break takes away (Samba 4.17 and 4.22, both share
+configurations).
 
 Samba's attributes cannot say that a file is unchanged: it reports the mtime
 as the change time, and while a handle is open it answers with the write
@@ -18,12 +19,14 @@ import os
 import time
 
 import pytest
+import smbkit
 from mpkit import MiB, assert_same, rewrite_keeping_times
 
 from offloadfs.cli import read_status
 from offloadfs.lab.mount import offloadfs_mount, status
 
-SHARES = ["ext4", "ext4-durable"]  # the lab's two configurations: Samba's defaults, and durable handles
+# The labs' two share configurations, Samba's defaults and durable handles, on 4.17 and on 4.22.
+PLACES = ["smb-ext4", "smb-ext4-durable", "smb422-xfs", "smb422-xfs-durable"]
 SIZE = MiB
 LONG = ["attr_timeout=3600", "entry_timeout=3600"]
 KEEP = "closetimeo=3600"  # handles kept open (off by default) until something closes them, not the clock
@@ -31,12 +34,13 @@ BREAK_BOUND = 30  # seconds: a break that takes longer is no break (attributes w
 
 
 @pytest.fixture
-def two_mounts(smb):
-    """mounts(share) -> (ours, the other client's, the directory on the server): two mounts of one
-    fresh directory of the share."""
+def two_mounts(request):
+    """mounts(where) -> (ours, the other client's, the directory on the server): two mounts of one
+    fresh directory of the SMB place `where`."""
     with contextlib.ExitStack() as stack:
 
-        def make(share):
+        def make(where):
+            smb, _, share = smbkit.place(request, where)
             url, path = smb.fresh_dir(share)
             ours = stack.enter_context(offloadfs_mount(url, options=[*LONG, KEEP, *smb.options()]))
             theirs = stack.enter_context(offloadfs_mount(url, options=smb.options()))
@@ -77,11 +81,11 @@ def read_and_close(path, kept_now=1):
     return data
 
 
-@pytest.mark.parametrize("share", SHARES)
-def test_a_rewrite_that_keeps_the_times_is_read_at_the_next_open(two_mounts, share):
+@pytest.mark.parametrize("where", PLACES)
+def test_a_rewrite_that_keeps_the_times_is_read_at_the_next_open(two_mounts, where):
     """Close-to-open while our mount holds the file open: the rewrite changes no attribute Samba
     reports, so only the broken lease tells the next open to drop the kernel's pages."""
-    ours, theirs, server = two_mounts(share)
+    ours, theirs, server = two_mounts(where)
     old, new = os.urandom(SIZE), os.urandom(SIZE)
     (server / "f").write_bytes(old)
     with open(ours / "f", "rb") as held:
@@ -93,11 +97,11 @@ def test_a_rewrite_that_keeps_the_times_is_read_at_the_next_open(two_mounts, sha
         assert (os.stat(ours / "f").st_mtime_ns, os.stat(ours / "f").st_size) == (before.st_mtime_ns, SIZE)
 
 
-@pytest.mark.parametrize("share", SHARES)
-def test_a_file_under_a_lease_is_read_again_from_the_kernels_cache(two_mounts, share):
+@pytest.mark.parametrize("where", PLACES)
+def test_a_file_under_a_lease_is_read_again_from_the_kernels_cache(two_mounts, where):
     """Nobody else writes: while the lease is held (a descriptor keeps the file open), every open
     keeps the kernel's pages, and reading the file again sends no READ."""
-    ours, _, server = two_mounts(share)
+    ours, _, server = two_mounts(where)
     data = os.urandom(SIZE)
     (server / "f").write_bytes(data)
     with open(ours / "f", "rb") as held:
@@ -110,11 +114,11 @@ def test_a_file_under_a_lease_is_read_again_from_the_kernels_cache(two_mounts, s
         assert reads(ours) == first
 
 
-@pytest.mark.parametrize("share", SHARES)
-def test_another_clients_write_reaches_an_open_file_at_the_break(two_mounts, share):
+@pytest.mark.parametrize("where", PLACES)
+def test_another_clients_write_reaches_an_open_file_at_the_break(two_mounts, where):
     """A descriptor open all along: the break drops the kernel's pages of the file at once, so
     reads through it see the new bytes well before the attributes would time out."""
-    ours, theirs, server = two_mounts(share)
+    ours, theirs, server = two_mounts(where)
     old, new = os.urandom(SIZE), os.urandom(SIZE)
     (server / "f").write_bytes(old)
     with open(ours / "f", "rb") as held:
@@ -126,12 +130,12 @@ def test_another_clients_write_reaches_an_open_file_at_the_break(two_mounts, sha
             time.sleep(0.05)
 
 
-@pytest.mark.parametrize("share", SHARES)
-def test_a_reopen_soon_after_the_last_close_takes_the_handle_back_and_keeps_the_pages(two_mounts, share):
+@pytest.mark.parametrize("where", PLACES)
+def test_a_reopen_soon_after_the_last_close_takes_the_handle_back_and_keeps_the_pages(two_mounts, where):
     """The last close of a read-only handle under a lease keeps it open a moment (as cifs's
     closetimeo): an open of the file meanwhile takes it back, and as the lease went on unbroken,
     reads no byte again."""
-    ours, _, server = two_mounts(share)
+    ours, _, server = two_mounts(where)
     data = os.urandom(SIZE)
     (server / "f").write_bytes(data)
     assert_same(read_and_close(ours / "f"), data)
@@ -143,11 +147,11 @@ def test_a_reopen_soon_after_the_last_close_takes_the_handle_back_and_keeps_the_
     wait_kept(ours, 1)
 
 
-@pytest.mark.parametrize("share", SHARES)
-def test_another_clients_write_closes_a_kept_handle_and_is_read_at_the_next_open(two_mounts, share):
+@pytest.mark.parametrize("where", PLACES)
+def test_another_clients_write_closes_a_kept_handle_and_is_read_at_the_next_open(two_mounts, where):
     """The other client's write breaks the lease of the handle kept open: it is closed, and the next
     open opens the file afresh, with the new bytes (the times put back, so only the break tells)."""
-    ours, theirs, server = two_mounts(share)
+    ours, theirs, server = two_mounts(where)
     old, new = os.urandom(SIZE), os.urandom(SIZE)
     (server / "f").write_bytes(old)
     assert_same(read_and_close(ours / "f"), old)
@@ -157,11 +161,11 @@ def test_another_clients_write_closes_a_kept_handle_and_is_read_at_the_next_open
         assert_same(f.read(), new)
 
 
-@pytest.mark.parametrize("share", SHARES)
-def test_our_unlink_and_rename_of_a_file_with_a_kept_handle_take_effect_at_once(two_mounts, share):
+@pytest.mark.parametrize("where", PLACES)
+def test_our_unlink_and_rename_of_a_file_with_a_kept_handle_take_effect_at_once(two_mounts, where):
     """Samba leaves a file deleted under another open handle in place, delete-pending, until that
     closes: the kept handle is closed first, so the name is gone at once and free to create."""
-    ours, _, server = two_mounts(share)
+    ours, _, server = two_mounts(where)
     for kept_now, name in enumerate(("gone", "old"), 1):
         (server / name).write_bytes(os.urandom(SIZE))
         read_and_close(ours / name, kept_now)
@@ -173,10 +177,11 @@ def test_our_unlink_and_rename_of_a_file_with_a_kept_handle_take_effect_at_once(
     assert (server / "gone").read_bytes() == b"again"
 
 
-@pytest.mark.parametrize("share", SHARES)
-def test_a_kept_handle_is_closed_at_unmount(smb, share):
+@pytest.mark.parametrize("where", PLACES)
+def test_a_kept_handle_is_closed_at_unmount(request, where):
     """Unmount leaves no handle kept open at the server, durable ones included (a durable handle
     outlives a connection that merely drops, at Samba until it times out)."""
+    smb, _, share = smbkit.place(request, where)
     url, server = smb.fresh_dir(share)
     (server / "f").write_bytes(os.urandom(SIZE))
     with offloadfs_mount(url, options=[KEEP, *smb.options()]) as ours:
@@ -184,12 +189,12 @@ def test_a_kept_handle_is_closed_at_unmount(smb, share):
     smb.wait_closed(server / "f", timeout=0)
 
 
-@pytest.mark.parametrize("share", SHARES)
-def test_a_kept_handle_is_not_taken_back_for_a_name_that_leads_elsewhere_now(two_mounts, share):
+@pytest.mark.parametrize("where", PLACES)
+def test_a_kept_handle_is_not_taken_back_for_a_name_that_leads_elsewhere_now(two_mounts, where):
     """Another client renames the file away and makes a new one by its name.  Samba does not break
     the handle caching of our lease for that on every share, so the name is asked before a kept
     handle is taken back: our next open by the name finds the file now there."""
-    ours, theirs, server = two_mounts(share)
+    ours, theirs, server = two_mounts(where)
     old, new = os.urandom(SIZE), os.urandom(SIZE)
     (server / "f").write_bytes(old)
     assert_same(read_and_close(ours / "f"), old)

@@ -5,8 +5,11 @@ Run with -s to see the start-up and transfer times it prints.
 """
 
 import contextlib
+import json
 import os
 import shutil
+import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -251,3 +254,101 @@ def test_teardown_leaves_nothing():
     assert samba.wait_gone(pids, 0)
     assert not samba.server_pids(-1, str(server.conf)) - {-1}
     assert not is_mounted(mount) and not workdir.exists()
+
+
+def test_smbd_sees_no_other_sambas_winbindd(lab):
+    """A winbindd of another Samba on the machine (a lab's AD DC) listens at the socket path compiled into
+    smbd; asked, it maps our user's SID to a uid unknown here and every logon fails. Our smbds see an empty
+    tmpfs there instead."""
+    mounts = Path(f"/proc/{lab.server.process.pid}/mountinfo").read_text().splitlines()
+    assert any(line.split()[4] == samba.RUN_DIR and " - tmpfs " in line for line in mounts)
+
+
+needs_422 = pytest.mark.skipif(not samba.SAMBA_422.available,
+                               reason=f"Samba 4.22 is not unpacked at {samba.SAMBA_422.root} (scripts/setup)")
+
+# SMB2 NEGOTIATE (MS-SMB2 2.2.3, 2.2.4): the dialects offered, the capabilities and contexts asked for.
+DIALECTS = (0x202, 0x210, 0x300, 0x302, 0x311)
+CAP_DIRECTORY_LEASING = 0x20
+CAPS = 0x7 | CAP_DIRECTORY_LEASING  # DFS, LEASING, LARGE_MTU
+PREAUTH_CONTEXT = 1
+POSIX_CONTEXT = 0x100
+POSIX_GUID = bytes.fromhex("93AD25509CB411E7B42383DE968BCD7C")
+HEADER = 64
+
+
+def negotiate(host, port=samba.PORT):
+    """(dialect, capabilities, negotiate context types) a server answers an SMB 3.1.1 NEGOTIATE with that
+    asks for directory leasing and the POSIX extensions."""
+    contexts = [(PREAUTH_CONTEXT, struct.pack("<HHH", 1, 32, 1) + os.urandom(32)), (POSIX_CONTEXT, POSIX_GUID)]
+    body_size = 36 + 2 * len(DIALECTS)
+    offset = HEADER + body_size + (-(HEADER + body_size) % 8)
+    body = struct.pack("<HHHHI16sIHH", 36, len(DIALECTS), 1, 0, CAPS, os.urandom(16), offset, len(contexts), 0)
+    body += struct.pack(f"<{len(DIALECTS)}H", *DIALECTS)
+    body = body.ljust(offset - HEADER, b"\0")
+    for kind, data in contexts:
+        body = body.ljust(len(body) + (-len(body) % 8), b"\0")
+        body += struct.pack("<HHI", kind, len(data), 0) + data
+    message = b"\xfeSMB" + struct.pack("<HHIHHIIQIIQ16s", HEADER, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, b"") + body
+    with socket.create_connection((host, port), timeout=5) as conn:
+        conn.sendall(struct.pack(">I", len(message)) + message)
+        size = struct.unpack(">I", recv_exactly(conn, 4))[0]
+        reply = recv_exactly(conn, size)
+    dialect, count = struct.unpack_from("<HH", reply, HEADER + 4)
+    (capabilities,) = struct.unpack_from("<I", reply, HEADER + 24)
+    (at,) = struct.unpack_from("<I", reply, HEADER + 60)
+    kinds = []
+    for _ in range(count):
+        kind, length = struct.unpack_from("<HH", reply, at)
+        kinds.append(kind)
+        at += 8 + length + (-(8 + length) % 8)
+    return dialect, capabilities, kinds
+
+
+def recv_exactly(conn, size):
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        assert chunk, "the server closed the connection"
+        data += chunk
+    return data
+
+
+@pytest.fixture(scope="module")
+def lab422():
+    with samba.samba_lab(("btrfs",), samba=samba.SAMBA_422) as lab:
+        yield lab
+
+
+def inode(path):
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+@needs_422
+def test_a_422_server_runs_422_throughout(lab422):
+    """smbd, the vfs_btrfs it loads for the share and the samba-dcerpcd it starts for an RPC pipe are
+    4.22's own files: modules and helpers are found by paths compiled in, where the installed 4.17's lie."""
+    server, root = lab422.server, samba.SAMBA_422.root
+    with tree(server, "btrfs") as share:
+        write_file(share, "f", b"x")
+        open_srvsvc(server)
+        pids = samba.server_pids(server.process.pid, str(server.conf))
+        exes = {inode(f"/proc/{pid}/exe") for pid in pids if cmdline(pid)}
+        maps = "".join(Path(f"/proc/{pid}/maps").read_text() for pid in pids if cmdline(pid))
+    for program in ("usr/sbin/smbd", "usr/libexec/samba/samba-dcerpcd"):
+        assert inode(root / program) in exes, program
+    btrfs = os.stat(root / "usr/lib/x86_64-linux-gnu/samba/vfs/btrfs.so")
+    mapped = {int(line.split()[4]) for line in maps.splitlines() if line.endswith("/vfs/btrfs.so")}
+    assert mapped == {btrfs.st_ino}
+    status = server.run("smbstatus", "-s", str(server.conf), "-j", capture_output=True, text=True, check=True)
+    assert json.loads(status.stdout)["version"].startswith("4.22.")
+
+
+@needs_422
+def test_only_a_422_server_offers_posix_extensions_and_directory_leases(lab, lab422):
+    """`smb3 unix extensions` must be in [global]: in a share's section alone, 4.22 offers no POSIX
+    context at the negotiate. Neither needs `server min protocol = SMB3_11`: the client that asks gets them
+    with 3.1.1."""
+    assert negotiate(lab.server.host) == (0x311, 0x7, [PREAUTH_CONTEXT])
+    assert negotiate(lab422.server.host) == (0x311, 0x7 | CAP_DIRECTORY_LEASING, [PREAUTH_CONTEXT, POSIX_CONTEXT])

@@ -96,13 +96,19 @@ posix locking = no
 """
 
 
-# Paths compiled into Samba builds: their modules (vfs, pdb, auth...) and the helpers smbd starts
-# (samba-dcerpcd when a client opens an RPC pipe, and the rpcd_* it starts in turn).
+# Paths compiled into Samba builds: their modules (vfs, pdb, auth...), the helpers smbd starts
+# (samba-dcerpcd when a client opens an RPC pipe, and the rpcd_* it starts in turn), and where smbd looks
+# for winbindd's socket (smb.conf and WINBINDD_SOCKET_DIR do not move it).
 MODULES_DIR = "/usr/lib/x86_64-linux-gnu/samba"
 LIBEXEC_DIR = "/usr/libexec/samba"
-# Runs "$@" with an unpacked build's own modules and helpers bind-mounted over the installed build's, in a
-# mount namespace of its own (unshare(1)), so nothing outside it sees them.
-OVERLAY = 'mount --bind "$1" "$2" && mount --bind "$3" "$4" && shift 4 && exec "$@"'
+RUN_DIR = "/run/samba"
+# `sh -c MOUNTS RUN_DIR [SOURCE TARGET]... -- PROGRAM ARGS`, in a mount namespace of its own (unshare(1);
+# mounts made outside still reach it): a tmpfs over RUN_DIR, each SOURCE bind-mounted over its TARGET,
+# then the program.
+MOUNTS = """[ ! -d "$0" ] || mount -t tmpfs none "$0" || exit
+while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit; shift 2; done
+shift; exec "$@"
+"""
 
 
 @dataclass(frozen=True)
@@ -110,10 +116,16 @@ class Samba:
     """One Samba build: how to run its programs (smbd, smbpasswd, smbstatus,
     testparm, smbclient) from where it lies.
 
-    An unpacked build runs with its libraries first on LD_LIBRARY_PATH, and
-    with its own modules dir and libexec dir mounted over the installed
-    build's: both are compiled in, so the installed 4.17's vfs_btrfs or
-    samba-dcerpcd would otherwise be loaded and fail on 4.22's libraries.
+    Every program runs with an empty RUN_DIR: no winbindd runs for the lab,
+    but another Samba on the machine (a lab's AD DC) may run one there, and
+    smbd would take its mapping of our user's SID to a uid unknown here,
+    failing every logon (NT_STATUS_LOGON_FAILURE). Our smbds keep their own
+    state in their own directories (GLOBAL).
+
+    An unpacked build also runs with its libraries first on LD_LIBRARY_PATH,
+    and with its own modules and helpers mounted over the installed build's:
+    their paths are compiled in, so the installed 4.17's vfs_btrfs or
+    samba-dcerpcd would be loaded and fail on 4.22's libraries.
     """
 
     version: str
@@ -134,12 +146,12 @@ class Samba:
 
     def command(self, name, *args):
         """argv running its program `name` with `args`."""
-        if self.installed:
-            return [name, *args]
-        program = next(self.root / d / name for d in ("usr/sbin", "usr/bin") if (self.root / d / name).exists())
-        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", OVERLAY, "sh",
-                self.root / MODULES_DIR.lstrip("/"), MODULES_DIR, self.root / LIBEXEC_DIR.lstrip("/"), LIBEXEC_DIR,
-                program, *args]
+        program, mounts = name, []
+        if not self.installed:
+            program = next(self.root / d / name for d in ("usr/sbin", "usr/bin") if (self.root / d / name).exists())
+            mounts = [self.root / MODULES_DIR.lstrip("/"), MODULES_DIR,
+                      self.root / LIBEXEC_DIR.lstrip("/"), LIBEXEC_DIR]
+        return ["unshare", "--mount", "--propagation", "slave", "sh", "-c", MOUNTS, RUN_DIR, *mounts, "--", program, *args]
 
     @property
     def env(self):
@@ -154,10 +166,6 @@ class Samba:
         if not self.installed:
             env["LD_LIBRARY_PATH"] = str(self.root / "usr/lib/x86_64-linux-gnu")
         return env
-
-    def run(self, name, *args, **kwargs):
-        """subprocess.run of its program `name`."""
-        return subprocess.run(self.command(name, *args), env=self.env, **kwargs)
 
 
 SAMBA_417 = Samba("4.17", Path("/"), posix=False, no_winbindd=True)
@@ -252,6 +260,10 @@ class SambaServer(ServerProcess):
         self.username = USER
         self.password = PASSWORD
 
+    def run(self, name, *args, **kwargs):
+        """subprocess.run of its Samba's program `name` (smbpasswd, smbstatus, testparm...)."""
+        return subprocess.run(self.samba.command(name, *args), env=self.env, **kwargs)
+
     def unc(self, share):
         """The share's \\\\host\\share path for SMB clients."""
         return f"\\\\{self.host}\\{share}"
@@ -326,11 +338,11 @@ def smb_server(shares, net=None, samba=SAMBA_417):
         workdir = Path(tmp)
         write_config(workdir, host, shares, samba)
         ensure_user()
-        proc = samba.run("smbpasswd", "-c", str(workdir / "smb.conf"), "-s", "-a", USER,
-                         input=f"{PASSWORD}\n{PASSWORD}\n", capture_output=True, text=True)
+        server = SambaServer(shares, host, net, workdir, samba)
+        proc = server.run("smbpasswd", "-c", str(server.conf), "-s", "-a", USER,
+                          input=f"{PASSWORD}\n{PASSWORD}\n", capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"smbpasswd failed: {proc.stdout}{proc.stderr}")
-        server = SambaServer(shares, host, net, workdir, samba)
         try:
             server.start()
             yield server
