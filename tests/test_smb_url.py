@@ -120,7 +120,7 @@ def test_mount_options_reach_the_backend(creds):
     config = parse_mount_options("/mnt", "smb://alice@h/s", [f"credentials={path},vers=3.0,seal,uid=1000"])
     assert config.backend_options == {"credentials": path, "vers": "3.0", "seal": True}
     assert SMBBackend.OPTIONS == {"credentials", "username", "domain", "file_mode", "dir_mode", "seal", "vers", "port",
-                                  "closetimeo", "posix", "noposix", "sec", "cruid", "keytab"}
+                                  "closetimeo", "dir_cache_timeout", "posix", "noposix", "sec", "cruid", "keytab"}
     backend = open_backend("smb://alice@h/s", config.backend_options)
     assert isinstance(backend, SMBBackend) and backend.target.seal
 

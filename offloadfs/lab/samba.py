@@ -133,8 +133,6 @@ class Samba:
     root: Path
     # Whether its shares offer the SMB 3.1.1 POSIX extensions and directory leases (POSIX_GLOBAL).
     posix: bool
-    # Its programs must not ask a winbindd (see env).
-    no_winbindd: bool = False
 
     @property
     def installed(self):
@@ -155,20 +153,14 @@ class Samba:
 
     @property
     def env(self):
-        """The environment its programs run with.
-
-        The lab's servers run no winbindd, but smbd asks one at the fixed path /run/samba/winbindd/pipe
-        (neither smb.conf nor WINBINDD_SOCKET_DIR moves it without nss_wrapper).  With a winbindd there
-        (the lab's AD DC runs one), 4.17 maps the lab user's SID to a uid of that winbindd's range, no
-        account's, and every logon fails (0xC000006D); _NO_WINBINDD=1 keeps it from asking.  4.22 logs
-        on either way, but with _NO_WINBINDD finds no user to force (0xC0000064 at tree connect)."""
-        env = {**os.environ, "_NO_WINBINDD": "1"} if self.no_winbindd else dict(os.environ)
+        """The environment its programs run with."""
+        env = dict(os.environ)
         if not self.installed:
             env["LD_LIBRARY_PATH"] = str(self.root / "usr/lib/x86_64-linux-gnu")
         return env
 
 
-SAMBA_417 = Samba("4.17", Path("/"), posix=False, no_winbindd=True)
+SAMBA_417 = Samba("4.17", Path("/"), posix=False)
 SAMBA_422 = Samba("4.22", SAMBA_422_ROOT, posix=True)
 
 

@@ -50,9 +50,6 @@ LIST_MAX_BYTES = 1 << 29  # of replies: a million entries with names of 255 UTF-
 # server handles one while the next crosses the link (1 Gbit lab: sequential 8 MiB writes 65 -> 104 MB/s).
 PIECE = 1 << 20
 LISTED_FOR = 1.0  # seconds a directory listing answers lookups (READDIRPLUS looks up every entry)
-# Seconds a directory lease is held after its listing, as mount.cifs's dir_cache_timeout: a program on the
-# server itself breaks none, and its changes show once the lease is given back.
-DIR_LEASE_HOLD = 30.0
 DIR_LEASES_MAX = 64  # directory leases held at once, each an open handle at the server
 # What an SMB name cannot hold: a path separator, a stream name, wildcards, control characters (a POSIX
 # open takes them all but / and NUL; \ is our separator in paths, so not that either)
@@ -1004,7 +1001,7 @@ class SMBBackend(Capabilities, Backend):
         path = _path(node)
         conn, _ = await self.client.tree_id(self.share)
         generation, listener = self.client.generation, self.client.leases
-        lease = self._lease_of(node) if conn.supports_directory_leasing else None
+        lease = self._lease_of(node) if conn.supports_directory_leasing and self.target.dir_cache else None
         seen = listener.opening(lease) if lease is not None else None
         try:
             create, queried, *pages = await self._send([
@@ -1079,7 +1076,8 @@ class SMBBackend(Capabilities, Backend):
         of the lease, before our own unlink, rename or setattr by name (Samba refuses another
         client's rename of a directory above an open handle, ACCESS_DENIED, breaking only the
         handle caching of the lease), when the filesystem forgets the node, and at unmount; also
-        DIR_LEASE_HOLD seconds after the listing, and the oldest past DIR_LEASES_MAX directories.
+        dir_cache_timeout= seconds after the listing (a program on the server breaks no lease: its changes show
+        once the lease is given back), and the oldest past DIR_LEASES_MAX directories.
         False if not held (the caller closes it)."""
         node, lease = file.node, file.lease
         if lease is None or not lease.state & m.LEASE_READ or node.path is None or file.generation != lease.generation:
@@ -1090,7 +1088,7 @@ class SMBBackend(Capabilities, Backend):
         scope = trio.CancelScope()
         self.deferred[node] = file, scope
         self.dir_leases[node] = None
-        trio.lowlevel.spawn_system_task(self._close_later, node, scope, DIR_LEASE_HOLD)
+        trio.lowlevel.spawn_system_task(self._close_later, node, scope, self.target.dir_cache)
         while len(self.dir_leases) > DIR_LEASES_MAX:
             oldest = next(iter(self.dir_leases))
             del self.dir_leases[oldest]

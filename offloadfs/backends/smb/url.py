@@ -18,7 +18,7 @@ from .. import SourceError
 from . import auth
 
 OPTIONS = frozenset({"credentials", "username", "domain", "file_mode", "dir_mode", "seal", "vers", "port",
-                     "closetimeo", "posix", "noposix", "sec", "cruid", "keytab"})
+                     "closetimeo", "dir_cache_timeout", "posix", "noposix", "sec", "cruid", "keytab"})
 # mount.cifs options we take in another form
 _PASSWORD_HINT = "the password goes in a credentials=FILE (a password= line, mode 0600) or in $PASSWD"
 HINTS = {"user": "use username=NAME", "password": _PASSWORD_HINT, "pass": _PASSWORD_HINT}
@@ -52,6 +52,9 @@ class Target:
     file_mode: int
     dir_mode: int
     close_after: int  # closetimeo=: seconds a released read-only handle under a lease stays open (SMBBackend.release)
+    # dir_cache_timeout=: seconds a listing is kept under a directory lease (SMBBackend._hold_listing); 0: no
+    # directory leases are asked for
+    dir_cache: int
     posix: bool | None  # SMB 3.1.1 POSIX extensions: -o posix (required), -o noposix (never), else where offered
     sec: str = "ntlmssp"  # "krb5" or "ntlmssp" (auth.SECURITY)
     ccache: str | None = None  # the Kerberos credential cache ("TYPE:residual"); None: the library's default
@@ -111,10 +114,13 @@ def parse(url, options, environ=os.environ):
     close_after = _number(options, "closetimeo", 10)
     if close_after is not None and close_after < 0:
         raise ValueError(f"closetimeo={close_after}: seconds, 0 or more")
+    dir_cache = _number(options, "dir_cache_timeout", 10)
+    if dir_cache is not None and dir_cache < 0:
+        raise ValueError(f"dir_cache_timeout={dir_cache}: seconds, 0 or more")
     return Target(host=host, port=port, share=names[0], path="\\".join(names[1:]), username=user or "",
                   domain=domain or "", password=password, dialect=DIALECTS[vers], seal=seal,
                   file_mode=_mode(options, "file_mode", 0o755), dir_mode=_mode(options, "dir_mode", 0o755),
-                  close_after=close_after or 0, posix=posix, sec=sec, ccache=ccache,
+                  close_after=close_after or 0, dir_cache=dir_cache or 0, posix=posix, sec=sec, ccache=ccache,
                   keytab=keytab)
 
 
