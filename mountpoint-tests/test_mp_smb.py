@@ -8,6 +8,7 @@ right, a server that dies mid-copy must never leave a cp that reports success
 over wrong data, and a wrong password must fail the mount cleanly.
 """
 
+import datetime
 import errno
 import os
 import re
@@ -187,9 +188,9 @@ def test_the_daemon_forgets_passwd_once_read(smb, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("where", ["smb-ext4", "smb422-xfs"])
 def test_what_smb_cannot_store(where, mount_on):
-    """Refused with EOPNOTSUPP, or kept as far as SMB can: never half done (on 4.22 too, whose POSIX
-    extensions our client does not ask for)."""
-    mnt = mount_on(where)
+    """Refused with EOPNOTSUPP, or kept as far as SMB can: never half done (on 4.22 too, with its POSIX
+    extensions not asked for: test_mp_smb_posix has what they store)."""
+    mnt = mount_on(where, ["noposix"])
     for make in (lambda p: os.symlink("x", p), os.mkfifo,
                  lambda p: os.mknod(p, stat.S_IFCHR | 0o600, os.makedev(1, 3))):
         with pytest.raises(OSError) as err:
@@ -312,15 +313,24 @@ def test_fstat_of_an_unlinked_open_file(mount_on):
 @pytest.mark.parametrize("where", ["smb-ext4-durable", "smb422-xfs-durable"])
 def test_a_durable_handle_outlives_a_broken_connection(where, request, mount_on):
     """The TCP connection breaks (smbd keeps the durable handle): the writes after it reach our file
-    through the same open, reconnected, not through a new one by path."""
-    mnt = mount_on(where)
+    through the same open, reconnected, not through a new one by path.  On 4.22 without POSIX
+    extensions: Samba 4.22 grants durable handles on POSIX opens but refuses their reconnect
+    (test_a_posix_opens_durable_handle_is_not_reconnected)."""
+    mnt = mount_on(where, ["noposix"])
     smb, index, _ = smbkit.place(request, where)
     server = smb.lab.servers[index]
 
+    started = datetime.datetime.now(datetime.timezone.utc)
+
     def opens():
-        """When each open of f was made, as Samba lists them: a reconnected open keeps its time."""
+        """When each open of f made since the test began was made, as Samba lists them: a reconnected
+        open keeps its time.  Found by file id: smbstatus names a file as its first open in the record
+        did, and a test before may have left a disconnected durable open of a file whose inode number
+        (ext4 reuses them) f now has."""
+        ino = os.stat(mnt.backing / "f").st_ino
         return sorted(o["opened_at"] for entry in smb.open_files(server).values()
-                      if entry.get("filename", "").endswith("/f") for o in entry["opens"].values())
+                      if entry.get("fileid", {}).get("inode") == ino for o in entry["opens"].values()
+                      if datetime.datetime.fromisoformat(o["opened_at"]) >= started)
 
     first, second = os.urandom(64 * 1024), os.urandom(64 * 1024)
     with open(mnt.path / "f", "w+b") as f:
@@ -333,3 +343,25 @@ def test_a_durable_handle_outlives_a_broken_connection(where, request, mount_on)
         os.fsync(f.fileno())
         assert len(before) == 1 and opens() == before
     assert (mnt.backing / "f").read_bytes() == first + second
+
+
+def test_a_posix_opens_durable_handle_is_not_reconnected(request, mount_on):
+    """Samba 4.22 refuses the reconnect of a durable handle a POSIX open got (OBJECT_NAME_NOT_FOUND with
+    the POSIX create context; without it the handle is no POSIX one, INVALID_LEVEL for its POSIX query):
+    the writes after a broken connection fail with EIO, never land silently elsewhere, and the file holds
+    what was written before."""
+    mnt = mount_on("smb422-xfs-durable")
+    first = os.urandom(64 * 1024)
+    smb, index, _ = smbkit.place(request, "smb422-xfs-durable")
+    with open(mnt.path / "f", "w+b") as f:
+        f.write(first)
+        f.flush()
+        os.fsync(f.fileno())
+        sh("ss", "-K", "dst", smb.lab.servers[index].host, "dport", "=", "445")
+        with pytest.raises(OSError) as err:
+            os.pwrite(f.fileno(), b"x" * 4096, len(first))
+            os.fsync(f.fileno())
+        assert err.value.errno == errno.EIO
+        with pytest.raises(OSError):
+            f.close()
+    assert (mnt.backing / "f").read_bytes() == first
