@@ -204,11 +204,8 @@ def domain_controller(shares, net):
             f"--configfile={workdir / 'smb.conf'}")
         server = DomainController(shares, net.server_addr, net, workdir)
         server.alias = alias
-        try:
-            server.start()
+        with server.running():
             yield server
-        finally:
-            server.stop()
 
 
 @contextlib.contextmanager

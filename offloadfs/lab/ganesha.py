@@ -160,11 +160,8 @@ def ganesha_server(path, net=None, port=PORT, root_squash=False, grace=None):
             grace="Graceless = true;" if grace is None else
                   f"Graceless = false; Grace_Period = {grace}; Lease_Lifetime = {grace};"))
         server = GaneshaServer(Path(path), host, port, net, workdir)
-        try:
-            server.start()
+        with server.running():
             yield server
-        finally:
-            server.stop()
 
 
 @contextlib.contextmanager

@@ -335,11 +335,8 @@ def smb_server(shares, net=None, samba=SAMBA_417):
                           input=f"{PASSWORD}\n{PASSWORD}\n", capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"smbpasswd failed: {proc.stdout}{proc.stderr}")
-        try:
-            server.start()
+        with server.running():
             yield server
-        finally:
-            server.stop()
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
 """What every lab server process shares: start it (in a namespace or not), wait until it answers, fail loudly."""
+import contextlib
 import subprocess
 import time
 
@@ -44,6 +45,15 @@ class ServerProcess:
             self.process = spawn(*self.command(), stdout=out, stderr=out, start_new_session=True,
                                  env=self.env)
         self.wait_ready()
+
+    @contextlib.contextmanager
+    def running(self):
+        """Started here, stopped on the way out whatever happens; yields the server."""
+        try:
+            self.start()
+            yield self
+        finally:
+            self.stop()
 
     def wait_ready(self):
         """Return once the server answers from the client side."""
