@@ -11,6 +11,7 @@ from a clock.
 import contextlib
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -22,6 +23,7 @@ KIND = "xfs"
 HOLD = 30  # dir_cache_timeout=, as mount.cifs's default (ours is 0: a program on the server breaks no lease)
 LONG = ["attr_timeout=3600", "entry_timeout=3600", f"dir_cache_timeout={HOLD}"]
 BREAK_BOUND = 30  # seconds: a change that shows later came from no break (the timeouts are an hour)
+HELD_LONG = ["attr_timeout=3600", "entry_timeout=3600", "dir_cache_timeout=3600"]  # the lease outlives BREAK_BOUND
 
 
 @pytest.fixture
@@ -143,3 +145,63 @@ def test_a_lost_connection_ends_the_lease_at_once(two_mounts, smb422):
     os.kill(pid, signal.SIGKILL)
     (theirs / "d" / "new").write_bytes(b"y")
     seen(ours, {"f", "g", "new"}, bound=HOLD / 2)  # past that, the lease is given back anyway
+
+
+def test_a_program_on_the_server_shows_at_once(two_mounts):
+    """A program on the server breaks no lease, but Samba tells of its changes (CHANGE_NOTIFY, which the
+    lease's handle keeps pending): a name it creates and a file it appends to show at once, with every
+    timeout an hour."""
+    ours, _, server_dir = two_mounts(HELD_LONG)
+    seen(ours, {"f", "g"})
+    assert os.stat(ours / "d" / "f").st_size == 1
+    (server_dir / "d" / "new").write_bytes(b"y")
+    seen(ours, {"f", "g", "new"})
+    with open(server_dir / "d" / "f", "ab") as f:
+        f.write(b"more")
+    deadline = time.monotonic() + BREAK_BOUND
+    while os.stat(ours / "d" / "f").st_size != 5:
+        assert time.monotonic() < deadline, "the size the program on the server gave never showed"
+        time.sleep(0.05)
+
+
+def test_a_second_write_through_another_clients_handle_shows_at_once(two_mounts):
+    """Samba breaks no lease for a second write through an open handle; it tells of it.  Each look
+    lists the directory, whose listing (kept under the lease) carries the files' sizes."""
+    ours, theirs, _ = two_mounts(HELD_LONG)
+    d = ours / "d"
+
+    def size_shows(size, what):
+        deadline = time.monotonic() + BREAK_BOUND
+        while not (sorted(os.listdir(d)) == ["f", "g"] and os.stat(d / "g").st_size == size):
+            assert time.monotonic() < deadline, f"the {what} write never showed"
+            time.sleep(0.05)
+
+    seen(ours, {"f", "g"})
+    with open(theirs / "d" / "g", "r+b") as f:
+        f.write(b"ab")
+        f.flush()
+        os.fsync(f.fileno())
+        size_shows(2, "first")
+        f.write(b"cd")
+        f.flush()
+        os.fsync(f.fileno())
+        size_shows(4, "second")
+
+
+def test_a_warm_ls_lR_past_attr_timeout_asks_nothing(two_mounts):
+    """attr_timeout=1: past it, files' attributes would be asked for again (or the directory listed
+    again).  A watched listing vouches for them until a change is told: a second `ls -lR` a while
+    later sends nothing but the share root's own attributes, which no listing holds."""
+    ours, _, _ = two_mounts(["attr_timeout=1", "entry_timeout=1", f"dir_cache_timeout={HOLD}"])
+    for sub in ("a", "b"):
+        (ours / "d" / sub).mkdir()
+        for i in range(5):
+            (ours / "d" / sub / f"x{i}").write_bytes(b"z" * i)
+    time.sleep(1.5)  # our own changes were told: list anew, under quiet watches
+    subprocess.run(["ls", "-lR", str(ours)], check=True, capture_output=True)
+    time.sleep(2)
+    before = read_status(ours)["counters"]
+    listed = subprocess.run(["ls", "-lR", str(ours)], check=True, capture_output=True, text=True).stdout
+    after = read_status(ours)["counters"]
+    assert "x4" in listed
+    assert after["smb_round_trips"] - before["smb_round_trips"] <= 1, (before["smb_requests"], after["smb_requests"])

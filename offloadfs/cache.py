@@ -17,6 +17,7 @@ EIO, is never cached, and never reaches the kernel.
 import collections
 import errno
 import logging
+import math
 import stat
 import time
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ ENTRIES_A_ROUND_TRIP = 32
 DT_DIR = stat.S_IFDIR >> 12
 AHEAD_ITEMS = 1024  # listings of up to this many entries are fetched ahead of a walk (worth_listing_ahead)
 KEPT_ITEMS = 32768  # entries of the listings kept for directories the kernel forgot (DirCache.forgotten)
+VOUCHED_MAX = 4096  # entries of a watched listing whose attributes it vouches for (DirCache.vouches)
+HELD_TTL = 3600.0  # seconds the kernel may keep what a watched listing vouches for: its end takes them back
 ABSENT_MAX = 1024  # names a directory keeps as absent (DirCache.absent); past that, the expired go
 CHANGED_MAX = 4096  # files whose last change through the mount is kept by identity (AttrCache.changed)
 MIXED = "mixed"  # the kernel's cache of a directory's names may hold several listings (DirCache.kernel_read)
@@ -150,7 +153,14 @@ class AttrCache:
         ours, so that the two caches together stay within attr_timeout."""
         if inode.passthrough:
             return 0.0
+        if inode.stat_expiry == math.inf:
+            return HELD_TTL
         return max(0.0, min(self.timeout, inode.stat_expiry - time.monotonic()))
+
+    def vouched(self, inode):
+        """The attributes just stored for ``inode`` hold until a watched listing's lease ends
+        (DirCache.vouches), which drops them."""
+        inode.stat_expiry = math.inf
 
     def reopened(self, where, inode, st, lease=None):
         """An open() found ``st`` at the server: True if the file is as it was at the open before,
@@ -195,6 +205,7 @@ class Listing:
     walked: float = float("-inf")  # monotonic: a walk listed a first subdirectory (DirCache.walk_reached)
     ahead: bool = False  # the others were fetched ahead of that walk
     lease: object = None  # what Leases.caching said of the directory when it was stored (DirCache.held)
+    watched: bool = False  # and that lease ends at any change to a file in it (Watches): it vouches for their attributes
     denied: set = None  # names answered absent for as long as the lease holds (DirCache.no_entry)
 
 
@@ -270,7 +281,7 @@ class DirCache:
         if stats and listing.stats and listing.bare * BARE_SHARE > len(listing.items):
             return None
         until = listing.fetched + self.timeout if stats and listing.stats else listing.expiry
-        if time.monotonic() < until or not (stats and listing.stats) and self.held(inode):
+        if time.monotonic() < until or (listing.watched or not (stats and listing.stats)) and self.held(inode):
             return listing
         return None
 
@@ -409,11 +420,27 @@ class DirCache:
         until = None if inode.absent is None else inode.absent.get(name)
         return 0.0 if until is None else max(0.0, until - time.monotonic())
 
-    def item_stat(self, item, listing):
-        """The attributes the listing carried for ``item``, while they are fresh enough to hand on."""
-        if item.stat is None or time.monotonic() >= listing.fetched + self.timeout:
+    def item_stat(self, dir, item, listing, known=None):
+        """The attributes the listing of ``dir`` carried for ``item``, while they are fresh enough to hand
+        on, or vouched for (``vouches``; ``known``: the Inode the kernel holds by that name, if any)."""
+        if item.stat is None:
             return None
-        return item.stat
+        if time.monotonic() < listing.fetched + self.timeout or self.vouches(dir, listing, item.stat, known):
+            return item.stat
+        return None
+
+    def vouches(self, dir, listing, st, known=None):
+        """True if the listing of ``dir`` vouches for ``st``, the attributes of a file in it, past
+        attr_timeout: it is watched (every change to a file in the directory ends its lease, and the
+        lease's end drops them, here and in the kernel: Filesystem._dir_lease_broken), and the file
+        has no other name (a change made through another directory's name is told to that one).  A
+        subdirectory's only while its own listing, ``known``'s, is watched too: a name changed in
+        it moves its times, which only its own watch tells of."""
+        if not (listing.watched and len(listing.items) <= VOUCHED_MAX and self.held(dir)):
+            return False
+        if stat.S_ISDIR(st.mode):
+            return known is not None and known.listing is not None and known.listing.watched and self.held(known)
+        return st.nlink == 1
 
     @staticmethod
     def added(inode, item):

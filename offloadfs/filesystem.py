@@ -16,6 +16,7 @@ import functools
 import itertools
 import json
 import logging
+import math
 import os
 import stat
 import time
@@ -23,9 +24,9 @@ from dataclasses import dataclass, field
 
 import trio
 
-from .backends.base import CALLER, UNREACHABLE, Allocate, Caller, DirItem, Leases, Passthrough, SeekData, Stat
+from .backends.base import CALLER, UNREACHABLE, Allocate, Caller, DirItem, Leases, Passthrough, SeekData, Stat, Watches
 from .backends.parallel import together
-from .cache import DT_DIR, AttrCache, DirCache, Listing, check, dtype
+from .cache import DT_DIR, HELD_TTL, AttrCache, DirCache, Listing, check, dtype
 from .fuse.operations import DirEntry, Entry, Operations, Opened
 from .planner import Endpoint, Planner, plan
 from .recognise import Recogniser
@@ -68,10 +69,12 @@ class Source:
     index: int
     local: bool = field(init=False)  # a local fd the kernel could write itself; asked once (a Protocol check is slow)
     leases: bool = field(init=False)  # the server says when a file changes (Leases): its attributes do not
+    watches: bool = field(init=False)  # and when anything in a leased directory changes (Watches)
 
     def __post_init__(self):
         self.local = isinstance(self.backend, Passthrough)
         self.leases = isinstance(self.backend, Leases)
+        self.watches = isinstance(self.backend, Watches)
 
 
 @dataclass(slots=True)
@@ -96,6 +99,7 @@ class Inode:
     dir_changes: int = 0  # directories: how many changes we made to it (cache.DirCache.store)
     unread: int = 0  # directories: handles opened and not read yet (see getattr)
     absent: dict | None = None  # directories: names the server said are not there (cache.DirCache)
+    vouched: dict | None = None  # directories: nodeid -> Inode of the files whose attributes their watched listing vouches for
     pending: object = None  # files: recognise.Pending, written data held for a copy
     data_changes: int = 0  # files: changes to the data made through this mount (recognise.version)
     opened_as: tuple | None = None  # files: (cache.version, data_changes) at the last open (AttrCache.reopened)
@@ -283,8 +287,10 @@ class Filesystem(Operations):
     def _ttl(self, inode):
         return self.options.attr_timeout if inode.source is None else self.cache.ttl(inode)
 
-    def _entry(self, parent, name, node, st, since=None):
-        """Hand one lookup reference to the kernel, reusing the nodeid of a known file."""
+    def _entry(self, parent, name, node, st, since=None, vouched=False):
+        """Hand one lookup reference to the kernel, reusing the nodeid of a known file.  ``vouched``: the
+        parent's watched listing vouches for ``st`` (DirCache.vouches): the kernel keeps the name and the
+        attributes until the listing's lease ends (_dir_lease_broken)."""
         source = parent.source
         try:
             key = (source.index, source.backend.identity(node, check(lambda: self._where(parent, name), st)))
@@ -303,9 +309,19 @@ class Filesystem(Operations):
         if stat.S_ISDIR(st.mode) or st.nlink == 1:
             self._drop_other_names(inode, (parent.nodeid, name))
         self._cache(inode, st, since, checked=True)  # refuses a known file whose type changed: nothing is handed out
+        if vouched:
+            self._vouch(parent, inode)
         inode.lookups += 1
         self._name(parent, name, inode)
-        return Entry(inode.nodeid, self._attr(inode, st), self.options.entry_timeout, self._ttl(inode))
+        return Entry(inode.nodeid, self._attr(inode, st), HELD_TTL if vouched else self.options.entry_timeout,
+                     self._ttl(inode))
+
+    def _vouch(self, dir, inode):
+        """The attributes just stored for ``inode`` hold until the lease of ``dir``'s listing ends (_unvouch)."""
+        self.cache.vouched(inode)
+        if dir.vouched is None:
+            dir.vouched = {}
+        dir.vouched[inode.nodeid] = inode
 
     def _name(self, parent, name, inode):
         """The kernel holds ``name`` in ``parent`` for ``inode`` now."""
@@ -369,6 +385,7 @@ class Filesystem(Operations):
             if inode.fmt == stat.S_IFDIR:
                 self.dircache.forgotten(inode.key, inode.listing)
                 self._leased_dirs.pop((inode.source.index, inode.node), None)
+                self._unvouch(inode)  # nothing would drop them at the lease's end
             for key in inode.names:
                 if self.dentries.get(key) is inode:
                     del self.dentries[key]
@@ -415,7 +432,9 @@ class Filesystem(Operations):
             if relisted is not None and relisted is not listing:
                 return await self._lookup_listed(inode, name, relisted)
         if listed is not None:
-            return self._entry(inode, name, *listed, listing.fetched)
+            known = self.dentries.get((inode.nodeid, name))
+            return self._entry(inode, name, *listed, listing.fetched,
+                               self.dircache.vouches(inode, listing, listed[1], known))
         try:
             return await self._lookup(inode, name)
         except FileNotFoundError:
@@ -427,12 +446,12 @@ class Filesystem(Operations):
         they are too old, we changed the file since, or the listing carried no node and the kernel
         holds no file of that number by that name."""
         item = listing.items[name]
-        st = self.dircache.item_stat(item, listing)
+        known = self.dentries.get((dir.nodeid, name))
+        st = self.dircache.item_stat(dir, item, listing, known)
         if st is None:
             return None
         node = item.node
         if node is None:
-            known = self.dentries.get((dir.nodeid, name))
             if known is None or known.ino != st.ino:
                 return None
             node = known.node
@@ -506,6 +525,8 @@ class Filesystem(Operations):
         listed = self._listed(dir, inode.name, listing)
         if listed is not None and self.by_key.get((dir.source.index, dir.source.backend.identity(*listed))) is inode:
             self._cache(inode, listed[1], listing.fetched)
+            if self.dircache.vouches(dir, listing, listed[1], inode):
+                self._vouch(dir, inode)
 
     async def setattr(self, ctx, nodeid, ch):
         self._writable()
@@ -761,14 +782,25 @@ class Filesystem(Operations):
         self.dircache.drop(inode)
         self.cache.drop(inode)
         self._drop_names(keys)
+        self._unvouch(inode)
         if self.kernel is not None:
             trio.lowlevel.spawn_system_task(self._invalidate, inode.nodeid)
 
-    async def _invalidate(self, nodeid):
-        """Drop the kernel's pages and attributes of ``nodeid``: from a thread, since the kernel waits
-        for the reads under way on them, which this thread answers."""
+    def _unvouch(self, dir):
+        """The attributes the listing of ``dir`` vouched for go, here and in the kernel (its pages of
+        them stay: an open checks the file, see AttrCache.reopened)."""
+        for inode in (dir.vouched or {}).values():
+            if self.inodes.get(inode.nodeid) is inode and inode.stat_expiry == math.inf:
+                self.cache.drop(inode)
+                if self.kernel is not None:
+                    trio.lowlevel.spawn_system_task(self._invalidate, inode.nodeid, -1, 0)
+        dir.vouched = None
+
+    async def _invalidate(self, nodeid, offset=0, length=-1):
+        """Drop the kernel's pages and attributes of ``nodeid`` (offset -1: its attributes alone): from a
+        thread, since the kernel waits for the reads under way on them, which this thread answers."""
         try:
-            await trio.to_thread.run_sync(self.kernel.notify_inval_inode, nodeid)
+            await trio.to_thread.run_sync(self.kernel.notify_inval_inode, nodeid, offset, length)
         except OSError as e:
             log.debug("invalidating node %d: %s", nodeid, e)  # the kernel forgot it meanwhile
 
@@ -1242,7 +1274,9 @@ class Filesystem(Operations):
             self._cache(inode, before, asked)
         listing = self.dircache.store(inode, before, items, asked, changes)
         if inode.source.leases and listing is inode.listing:
-            listing.lease = inode.source.backend.caching(inode.node)
+            backend = inode.source.backend
+            listing.lease = backend.caching(inode.node)
+            listing.watched = listing.lease is not None and inode.source.watches and backend.watched(inode.node)
         return listing
 
     def _walk_reached(self, dir):

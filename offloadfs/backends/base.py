@@ -280,6 +280,14 @@ class Leases(Protocol):
 
 
 @runtime_checkable
+class Watches(Protocol):
+    """A directory's lease also ends at any change to a file in it, by anyone (SMB CHANGE_NOTIFY, which
+    Samba sends for a program on the server too): while ``watched(node)``, the listing that Leases
+    keeps vouches for its files' attributes as well (cache.DirCache.vouches)."""
+    def watched(self, node) -> bool: ...
+
+
+@runtime_checkable
 class Passthrough(Protocol):
     """A local fd the kernel can read and write directly (FUSE passthrough)."""
     def backing_fd(self, file) -> int: ...

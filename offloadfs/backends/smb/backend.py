@@ -94,7 +94,7 @@ class File:
     them; ``lease``: the lease it was opened under (None: a directory).
     """
     __slots__ = ("backend", "node", "access", "file_id", "generation", "create_guid", "lost", "sparse",
-                 "resume_key", "key_generation", "attributes", "lease", "created")
+                 "resume_key", "key_generation", "attributes", "lease", "created", "watched")
 
     def __init__(self, backend, node, access, file_id, generation):
         self.backend = backend
@@ -110,6 +110,7 @@ class File:
         self.attributes = None
         self.lease = None
         self.created = False  # the open created the file
+        self.watched = False  # a directory's: a CHANGE_NOTIFY of ours is pending on it (Capabilities._watch)
 
 
 class SMBBackend(Capabilities, Backend):
@@ -146,14 +147,14 @@ class SMBBackend(Capabilities, Backend):
                 "smb_handles_kept": len(self.deferred) - len(self.dir_leases), "smb_dir_leases": len(self.dir_leases),
                 "smb_posix_sources": int(self.posix)}
 
-    async def _send(self, msgs, generation=None):
+    async def _send(self, msgs, generation=None, sent=None):
         """Every request of the backend goes out here (Client.call), counted for status and logged with -o debug:
         what a FUSE operation costs in round trips shows right under it in the log."""
         names = [m.command(msg) for msg in msgs]
         self.requests.update(names)
         self.round_trips += 1
         log.debug("   smb %s", "+".join(names))
-        return await self.client.call(self.share, msgs, generation)
+        return await self.client.call(self.share, msgs, generation, sent)
 
     async def _send1(self, msg, generation=None, what=""):
         """One request whose failure is an error; its response body."""
@@ -997,19 +998,19 @@ class SMBBackend(Capabilities, Backend):
         """The open, the directory's attributes and the first two pages in one compound: a
         directory of one page (up to some 500 entries) is listed in one round trip, its second page
         the STATUS_NO_MORE_FILES that ends it.  Its handle is closed after the listing is answered,
-        unless it holds a directory lease (see _hold_listing)."""
+        unless it holds a directory lease (see _hold_listing).  One that asks for a lease takes two:
+        the open, then the pages, asked after the watch that comes with the lease (_watch)."""
         path = _path(node)
         conn, _ = await self.client.tree_id(self.share)
         generation, listener = self.client.generation, self.client.leases
         lease = self._lease_of(node) if conn.supports_directory_leasing and self.target.dir_cache else None
         seen = listener.opening(lease) if lease is not None else None
+        first_pages = [] if lease else [self._list_page(m.RELATED, m.RESTART_SCAN), self._list_page(m.RELATED, 0)]
         try:
             create, queried, *pages = await self._send([
                 self._create(path, m.READ_DATA | m.READ_ATTRIBUTES | m.SYNCHRONIZE, m.OPEN, m.DIRECTORY_FILE,
                              oplock=m.LEASE if lease else m.NO_OPLOCK, contexts=[lease.context(True)] if lease else ()),
-                self._query_all(),
-                self._list_page(m.RELATED, m.RESTART_SCAN),
-                self._list_page(m.RELATED, 0)], generation)
+                self._query_all(), *first_pages], generation)
         except BaseException:
             if lease is not None:
                 listener.failed(lease)
@@ -1038,6 +1039,11 @@ class SMBBackend(Capabilities, Backend):
             if not _same(node, a):
                 raise OSError(errno.ESTALE, f"{path}: replaced by another directory")
             before = self._stat(a)
+            if lease is not None:  # its pages after the watch, which then covers every file they list
+                if lease.state & m.LEASE_READ:
+                    await self._watch(held)
+                pages = await self._send([self._list_page(fid, m.RESTART_SCAN), self._list_page(m.RELATED, 0)],
+                                         generation)
             while True:
                 status, body = pages.pop(0)
                 if status == errors.NO_MORE_FILES:

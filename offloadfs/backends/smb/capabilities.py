@@ -7,6 +7,7 @@ itself broke; the server's copychunk limits are learned from its refusal.
 import errno
 import logging
 
+import trio
 
 from ..base import NotSupported
 from ..parallel import copy_spans
@@ -21,6 +22,9 @@ FALLOC_FL_PUNCH_HOLE = 2
 COPY_PER_CALL = 256 << 20  # one server_copy call; the planner loops, so progress and interrupts land between
 COPY_REQUESTS_IN_FLIGHT = 4
 MAX_RANGES_BUFFER = 1 << 20
+# CHANGE_NOTIFY's CompletionFilter (MS-SMB2 2.2.35): every change but an access time's (our own reads).
+NOTIFY_FILTER = 0xFDF
+NOTIFY_BUFFER = 4096  # what a change's answer may carry: we read none of it
 
 
 class CopyLimits:
@@ -37,6 +41,7 @@ class Capabilities:
     """SeekData, Allocate, CloneRange, ServerCopy and Leases for SMBBackend (which provides the plumbing)."""
     clone_align = 4096  # what Samba's btrfs clone needs; MS-FSCC: the volume's cluster size
     _on_break = None
+    notify_refused = False  # the server answered CHANGE_NOTIFY with "not supported": no watches (_watch)
 
     def caching(self, node):
         """While a lease with read caching is held on ``node``'s file: the same value for as long as it is
@@ -44,6 +49,52 @@ class Capabilities:
         A directory's (see SMBBackend._hold_listing): no name in it has changed since."""
         lease = node.lease
         return None if lease is None or self.client is None else lease.caching(self.client.generation)
+
+    def watched(self, node):
+        """True while a change to any file in the directory ``node`` ends its ``caching`` value: a
+        CHANGE_NOTIFY of ours is pending on the handle that holds its lease (see _watch)."""
+        held = self.deferred.get(node) if node in self.dir_leases else None
+        return held is not None and held[0].watched
+
+    async def _watch(self, file):
+        """Ask the server to tell of any change in the directory ``file`` has open (CHANGE_NOTIFY: a
+        name added, removed or renamed, a file's size, times, attributes or security), by anyone:
+        another client, a program on the server itself (which breaks no lease: Samba watches the
+        directory with inotify; 4.17 and 4.22 told of a same-size rewrite put back with touch -r, and
+        of a second write through another client's open handle), and ourselves.  Returns once the
+        request is on the wire: Samba reads a connection's requests in order, so the listing asked
+        after it is covered.  Each answer is a change: the lease counts as broken (leases.Lease.
+        changed), and the watch goes on (Samba keeps what happens between two requests) until the
+        handle closes (NOTIFY_CLEANUP) or the connection goes."""
+        if self.notify_refused:
+            return
+        sent = trio.Event()
+        trio.lowlevel.spawn_system_task(self._watching, file, sent)
+        await sent.wait()
+
+    async def _watching(self, file, sent):
+        notify = m.change_notify(file.file_id, NOTIFY_FILTER, NOTIFY_BUFFER)
+        while True:
+            file.watched = True
+            try:
+                try:
+                    [(status, _)] = await self._send([notify], file.generation, sent)
+                finally:
+                    file.watched = False
+                    sent.set()
+            except Exception as e:  # the connection went, and its leases with it
+                log.debug("watching a directory: %s", e)
+                return
+            if status == errors.NOTIFY_CLEANUP:
+                return
+            if errors.ERRNO.get(status) == errno.EOPNOTSUPP:
+                self.notify_refused = True
+                log.info("%s does not tell of changes in a directory (status %#x): files' attributes keep "
+                         "attr_timeout", self.client.where, status)
+            if file.lease is not None:
+                file.lease.changed()
+            if status not in (errors.SUCCESS, errors.NOTIFY_ENUM_DIR) or self.deferred.get(file.node, (None,))[0] is not file:
+                return  # refused: the lease stays broken for the listing, and no request goes round again
 
     def on_break(self, callback):
         """``callback(node)`` from now on, in the trio thread, where read caching of ``node``'s file is lost

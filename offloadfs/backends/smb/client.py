@@ -28,6 +28,7 @@ new connection with a known GUID to the process that served the old one,
 which would be the hung one we left (its durable handles are then lost).
 """
 import logging
+import math
 import socket
 import time
 import uuid
@@ -338,17 +339,20 @@ class Client:
 
     # -- requests -------------------------------------------------------------------
 
-    async def call(self, share, messages, generation=None):
+    async def call(self, share, messages, generation=None, sent=None):
         """Send one request, or a related compound of several; [(status, body)] in order.
 
         A request the server refused unprocessed because the session's ticket
         had expired goes again once the session is set up anew (auth.reauthenticate).
+        ``sent`` (a trio.Event), for a request the server answers only when something happens
+        (CHANGE_NOTIFY): set once the request is on the wire, and the answer is awaited with no
+        deadline (the connection's loss still ends the wait).
         """
         renewals = self._renewals
-        results = await self._call(share, messages, generation)
+        results = await self._call(share, messages, generation, sent)
         if any(status == errors.NETWORK_SESSION_EXPIRED for status, _ in results):
             await self._reauthenticate(renewals)
-            results = await self._call(share, messages, generation)
+            results = await self._call(share, messages, generation, sent)
         return results
 
     async def _reauthenticate(self, renewals):
@@ -366,7 +370,7 @@ class Client:
             self._renewals += 1
             log.info("session on %s expired: renewed as %s", self.where, auth.who(self.target))
 
-    async def _call(self, share, messages, generation=None):
+    async def _call(self, share, messages, generation=None, sent=None):
         """Send and wait, as call() says, once.
 
         ``generation``: the connection the request's handles (or resume key)
@@ -400,6 +404,9 @@ class Client:
                 arrivals = await self._in_thread(conn, deadline, self._send_sync, conn, messages, tid, credit_request)
             finally:
                 self._reserved -= charge
+        if sent is not None:
+            sent.set()
+            deadline = math.inf
         self._in_flight += charge
         try:
             with trio.CancelScope(deadline=deadline) as scope:

@@ -105,6 +105,12 @@ class Lease:
         epoch = brk.epoch if _newer(brk.epoch, self.epoch) else self.epoch
         self._set(self.state & brk.new, epoch, True)
 
+    def changed(self):
+        """A directory's watch told of a change in it (SMBBackend._watch), which may break no lease (a program
+        on the server): the lease counts as broken from now on, though the server still holds it."""
+        self.changes += 1
+        self._set(self.state, self.epoch, False)
+
     def closed(self, generation):
         """One of our handles under it, of connection ``generation``, closes."""
         if generation == self.generation and self.opens:

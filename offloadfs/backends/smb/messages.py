@@ -99,6 +99,7 @@ _QUERY_INFO = struct.Struct("<HBBIHHIII16s")
 _SET_INFO = struct.Struct("<HBBIHHI16s")
 _QUERY_DIRECTORY = struct.Struct("<HBBI16sHHI")
 _IOCTL = struct.Struct("<HHI16sIIIIIIII")
+_CHANGE_NOTIFY = struct.Struct("<HHI16sII")
 _LEASE = struct.Struct("<16sIIQ")  # key, state, flags, duration (2.2.13.2.8)
 _LEASE_V2 = struct.Struct("<16sIIQ16sHH")  # then the parent's key, the epoch, reserved (2.2.13.2.10)
 _LEASE_BREAK_ACK = struct.Struct("<HHI16sIQ")
@@ -203,6 +204,12 @@ def query_directory(file_id, info_class, flags, output_length):
     fixed = _QUERY_DIRECTORY.pack(33, info_class, flags, 0, file_id, _HEADER + _QUERY_DIRECTORY.size, len(pattern),
                                   output_length)
     return Request(Commands.SMB2_QUERY_DIRECTORY, fixed + pattern, max(len(pattern), output_length))
+
+
+def change_notify(file_id, completion_filter, output_length):
+    """CHANGE_NOTIFY (2.2.35) on the directory ``file_id``, for the directory itself (not its tree)."""
+    fixed = _CHANGE_NOTIFY.pack(32, 0, output_length, file_id, completion_filter, 0)
+    return Request(Commands.SMB2_CHANGE_NOTIFY, fixed, output_length)
 
 
 def ioctl(file_id, ctl_code, input=b"", max_output=0):
