@@ -13,7 +13,7 @@ import subprocess
 import pytest
 from mpkit import MiB, sha256, write_file
 
-from offloadfs.lab.mount import MountError
+from offloadfs.lab.mount import MountError, offloadfs_mount
 
 PLACES = ["smb422-btrfs", "smb422-xfs"]
 
@@ -199,6 +199,24 @@ def test_device_nodes_by_root(where, mount_on):
     os.mknod(mnt.path / "disk", stat.S_IFBLK | 0o600, os.makedev(8, 1))
     assert stat.S_ISCHR(os.lstat(mnt.path / "null").st_mode)
     assert stat.S_ISBLK(os.lstat(mnt.path / "disk").st_mode)
+
+
+@pytest.mark.parametrize("where", PLACES)
+def test_device_numbers_read_back_from_the_reparse_point(where, smb422):
+    """The server keeps a device node as a regular file with an NFS reparse point that holds its major
+    and minor: our mount, and a second one that did not make them, read them back by stat and listing."""
+    url, _ = smb422.fresh_dir(where.split("-", 1)[1])
+    want = {"null": (stat.S_IFCHR, 1, 3), "loop0": (stat.S_IFBLK, 7, 0)}
+    with offloadfs_mount(url, options=smb422.options()) as ours:
+        for name, (kind, major, minor) in want.items():
+            os.mknod(ours / name, kind | 0o600, os.makedev(major, minor))
+        with offloadfs_mount(url, options=smb422.options()) as theirs:
+            for mnt in (theirs, ours):
+                listed = {e.name: e.stat(follow_symlinks=False) for e in os.scandir(mnt)}
+                for name, (kind, major, minor) in want.items():
+                    for st in (listed[name], os.lstat(mnt / name)):
+                        assert (stat.S_IFMT(st.st_mode), os.major(st.st_rdev), os.minor(st.st_rdev)) == \
+                            (kind, major, minor), (mnt, name)
 
 
 @pytest.mark.parametrize("where", PLACES)
