@@ -88,6 +88,30 @@ def test_noposix_shows_what_a_server_without_them_would(where, mount_on):
     assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o755, 0, 0)
 
 
+@pytest.mark.parametrize("where", PLACES[:1])
+def test_uid_and_gid_options_leave_the_owners_the_server_reports(where, mount_on):
+    """As mount.cifs has it: uid= and gid= stand for the owner a server without the extensions does not
+    report; with them each file shows its own, which is what the server decides access by."""
+    mnt = mount_on(where, ["uid=1234", "gid=2345"])
+    (mnt.backing / "theirs").write_text("x")
+    os.chown(mnt.backing / "theirs", 1000, 1001)
+    (mnt.path / "mine").write_text("y")
+    os.chown(mnt.path / "mine", 1000, 1001)
+    listed = {e.name: e.stat(follow_symlinks=False) for e in os.scandir(mnt.path)}
+    for name in ("theirs", "mine"):
+        for st in (os.stat(mnt.path / name), listed[name]):
+            assert (st.st_uid, st.st_gid) == (1000, 1001), name
+
+
+@pytest.mark.parametrize("where, options", [("smb-xfs", []), ("smb422-xfs", ["noposix"])])
+def test_uid_and_gid_options_are_every_files_owner_without_the_extensions(where, options, mount_on):
+    mnt = mount_on(where, ["uid=1234", "gid=2345", *options])
+    (mnt.backing / "theirs").write_text("x")
+    os.chown(mnt.backing / "theirs", 1000, 1001)
+    for path in (mnt.path, mnt.path / "theirs"):
+        assert (os.stat(path).st_uid, os.stat(path).st_gid) == (1234, 2345), path
+
+
 @pytest.mark.skipif(shutil.which("smbd") is None, reason="smbd is not installed")
 def test_posix_on_a_server_without_them_fails_the_mount(mount_on):
     with pytest.raises(MountError, match="does not offer SMB 3.1.1 POSIX extensions"):

@@ -136,6 +136,10 @@ class SMBBackend(Capabilities, Backend):
         self.round_trips = 0  # requests and compounds sent, each answered before its caller goes on
         self.devices = {}  # (file id, creation time) -> st_rdev of the device nodes seen (see _read_devices)
 
+    @property
+    def owners_from_server(self):
+        return self.posix  # without the extensions every file shows root (or uid=, gid=)
+
     def shares_server_with(self, other):
         # Resume keys and file ids are only good on the connection that issued them.
         return isinstance(other, SMBBackend) and self.client is not None and other.client is self.client
