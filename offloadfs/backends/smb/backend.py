@@ -131,6 +131,7 @@ class SMBBackend(Capabilities, Backend):
         self._listed = {}  # path -> (Attributes, expiry) from the last listings; see lookup()
         self.deferred = {}  # Node -> (File, trio.CancelScope of its timer): released, kept open (see release)
         self.dir_leases = {}  # directory Node -> None: whose listing's handle is held (_hold_listing), oldest first
+        self.dir_lease_breaks = 0  # breaks of those leases the server sent (our own changes should cause none)
         self.requests = collections.Counter()  # command name -> requests sent
         self.posix = False  # the connection has SMB 3.1.1 POSIX extensions: every open asks for POSIX semantics
         self.round_trips = 0  # requests and compounds sent, each answered before its caller goes on
@@ -149,7 +150,7 @@ class SMBBackend(Capabilities, Backend):
     def counters(self):
         return {"smb_requests": dict(self.requests), "smb_round_trips": self.round_trips,
                 "smb_handles_kept": len(self.deferred) - len(self.dir_leases), "smb_dir_leases": len(self.dir_leases),
-                "smb_posix_sources": int(self.posix)}
+                "smb_dir_lease_breaks": self.dir_lease_breaks, "smb_posix_sources": int(self.posix)}
 
     async def _send(self, msgs, generation=None):
         """Every request of the backend goes out here (Client.call), counted for status and logged with -o debug:
@@ -654,7 +655,8 @@ class SMBBackend(Capabilities, Backend):
         self._listed.clear()
         path = self._child(dir, name)
         link = info.FileRenameInformation(False, self._wire_path(path)).pack()
-        _, _, body, _ = await self._call([self._create(_path(node), m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES),
+        _, _, body, _ = await self._call([self._create(_path(node), m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES,
+                                                       **self._ours(path)),
                                           m.set_info(info.FILE_LINK, link), self._query_all(), m.close()], path)
         a = self._attributes_in(body)
         node.changed()
@@ -694,9 +696,10 @@ class SMBBackend(Capabilities, Backend):
         if old == new:
             return
         replace = not flags & RENAME_NOREPLACE
-        await self._close_deferred_below(old, new)
+        held = self.nodes.get(old) if self.nodes.get(old) in self.dir_leases else None
+        await self._close_deferred_below(old, new, keep=held)
         try:
-            await self._rename_on_server(old, new, replace)
+            await self._rename_on_server(old, new, replace, held)
         except OSError as e:
             if not replace or status_of(e) not in (errors.OBJECT_NAME_COLLISION, errors.ACCESS_DENIED):
                 raise
@@ -717,9 +720,10 @@ class SMBBackend(Capabilities, Backend):
         _unlinked(self.nodes.get(new))  # replaced
         self._moved(old, new)
 
-    async def _rename_on_server(self, old, new, replace):
+    async def _rename_on_server(self, old, new, replace, held=None):
+        """``held``: the directory at ``old``, whose listing's handle we keep open under its lease."""
         move = info.FileRenameInformation(replace, self._wire_path(new)).pack()
-        await self._call([self._create(old, m.DELETE | m.READ_ATTRIBUTES, **self._ours(old)),
+        await self._call([self._create(old, m.DELETE | m.READ_ATTRIBUTES, **self._ours(old, held)),
                           m.set_info(info.FILE_RENAME, move), m.close()], old)
 
     async def _replace_open_file(self, old, new):
@@ -1009,11 +1013,13 @@ class SMBBackend(Capabilities, Backend):
         if node in self.deferred:
             trio.lowlevel.spawn_system_task(self._close_deferred, node)
 
-    async def _close_deferred_below(self, *paths):
-        """Close the handles kept open for ``paths`` and what is below them, before our own change by name."""
+    async def _close_deferred_below(self, *paths, keep=None):
+        """Close the handles kept open for ``paths`` and what is below them, but ``keep``'s, before our own
+        change by name (smbd refuses to rename a directory above a handle its process holds open)."""
         if self.deferred:
             for node in [self.nodes[p] for path in paths for p in self._known(path)]:
-                await self._close_deferred(node)
+                if node is not keep:
+                    await self._close_deferred(node)
 
     async def _close(self, file):
         if file.lease is not None:
@@ -1035,10 +1041,13 @@ class SMBBackend(Capabilities, Backend):
         generation, listener = self.client.generation, self.client.leases
         lease = self._lease_of(node) if conn.supports_directory_leasing and self.target.dir_cache else None
         seen = listener.opening(lease) if lease is not None else None
+        # Naming the parent's lease: Samba keeps the parent key of the open that made a lease for every
+        # open under it, and our rename of this directory goes under its lease (see _ours).
+        leasing = {"oplock": m.LEASE, "contexts": [lease.context(True, self._parent_key(path))]} if lease else {}
         try:
             create, queried, *pages = await self._send([
                 self._create(path, m.READ_DATA | m.READ_ATTRIBUTES | m.SYNCHRONIZE, m.OPEN, m.DIRECTORY_FILE,
-                             oplock=m.LEASE if lease else m.NO_OPLOCK, contexts=[lease.context(True)] if lease else ()),
+                             **leasing),
                 self._query_all(),
                 self._list_page(m.RELATED, m.RESTART_SCAN),
                 self._list_page(m.RELATED, 0)], generation)
@@ -1138,11 +1147,19 @@ class SMBBackend(Capabilities, Backend):
         parent = self.nodes.get(path.rpartition("\\")[0])
         return parent.lease.key if parent is not None and parent in self.dir_leases else None
 
-    def _ours(self, path):
+    def _ours(self, path, held=None):
         """create() arguments for an open that only changes a name in ``path``'s directory: a lease of
-        nothing (state 0) that names the directory's lease as its parent, where we hold one."""
+        nothing (state 0) that names the directory's lease as its parent, where we hold one.  ``held``:
+        the directory at ``path``, whose own lease we hold: the open goes under that lease, which Samba
+        then does not break for the rename (it skips the opens of the renaming open's own lease)."""
         parent = self._parent_key(path)
-        return {} if parent is None else {"oplock": m.LEASE, "contexts": [m.lease(uuid.uuid4().bytes, 0, True, parent)]}
+        if held is not None:
+            lease = m.lease(held.lease.key, held.lease.state, True, parent)
+        elif parent is not None:
+            lease = m.lease(uuid.uuid4().bytes, 0, True, parent)
+        else:
+            return {}
+        return {"oplock": m.LEASE, "contexts": [lease]}
 
     async def statfs(self, node):
         path = _path(node)
