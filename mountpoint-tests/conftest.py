@@ -185,7 +185,7 @@ def mount_on(request, backing):
                 for lab in labs:
                     lab.wait_closed(path)
 
-            cannot = smbkit.POSIX_CANNOT if smb == {"smb422"} else smbkit.CANNOT
+            cannot = smbkit.POSIX_CANNOT if {w.split("-")[0] for w in wheres} == {"smb422"} else smbkit.CANNOT
             return Mount(mountpoint, path, cannot, smbkit.TIME_STEP_NS, wait_closed)
 
         yield make

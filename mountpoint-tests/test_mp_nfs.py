@@ -246,6 +246,16 @@ def sparse_on(where, request, mount_on):
     return mnt, net, chunks
 
 
+def test_uid_and_gid_options_leave_the_owners_the_server_reports(ganesha, mount_on):
+    """The server decides access by each file's owner (requests carry their user's ids), so that is
+    the owner shown, as mount.nfs has no uid=: uid= and gid= are for SMB servers that report none."""
+    mnt = mount_on("nfs-ganesha", ["uid=1234", "gid=2345"])
+    (mnt.backing / "theirs").write_text("x")
+    os.chown(mnt.backing / "theirs", 1000, 1001)
+    st = os.stat(mnt.path / "theirs")
+    assert (st.st_uid, st.st_gid) == (1000, 1001)
+
+
 @pytest.mark.parametrize("where", ["nfs-ganesha", "nfsd"])
 def test_seek_finds_the_holes(where, request, mount_on):
     mnt, _, _ = sparse_on(where, request, mount_on)

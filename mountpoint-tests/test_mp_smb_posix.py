@@ -13,7 +13,7 @@ import subprocess
 import pytest
 from mpkit import MiB, sha256, write_file
 
-from offloadfs.lab.mount import MountError
+from offloadfs.lab.mount import MountError, offloadfs_mount
 
 PLACES = ["smb422-btrfs", "smb422-xfs"]
 
@@ -86,6 +86,30 @@ def test_noposix_shows_what_a_server_without_them_would(where, mount_on):
     os.chmod(mnt.backing / "theirs", 0o600)
     st = os.stat(mnt.path / "theirs")
     assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o755, 0, 0)
+
+
+@pytest.mark.parametrize("where", PLACES[:1])
+def test_uid_and_gid_options_leave_the_owners_the_server_reports(where, mount_on):
+    """As mount.cifs has it: uid= and gid= stand for the owner a server without the extensions does not
+    report; with them each file shows its own, which is what the server decides access by."""
+    mnt = mount_on(where, ["uid=1234", "gid=2345"])
+    (mnt.backing / "theirs").write_text("x")
+    os.chown(mnt.backing / "theirs", 1000, 1001)
+    (mnt.path / "mine").write_text("y")
+    os.chown(mnt.path / "mine", 1000, 1001)
+    listed = {e.name: e.stat(follow_symlinks=False) for e in os.scandir(mnt.path)}
+    for name in ("theirs", "mine"):
+        for st in (os.stat(mnt.path / name), listed[name]):
+            assert (st.st_uid, st.st_gid) == (1000, 1001), name
+
+
+@pytest.mark.parametrize("where, options", [("smb-xfs", []), ("smb422-xfs", ["noposix"])])
+def test_uid_and_gid_options_are_every_files_owner_without_the_extensions(where, options, mount_on):
+    mnt = mount_on(where, ["uid=1234", "gid=2345", *options])
+    (mnt.backing / "theirs").write_text("x")
+    os.chown(mnt.backing / "theirs", 1000, 1001)
+    for path in (mnt.path, mnt.path / "theirs"):
+        assert (os.stat(path).st_uid, os.stat(path).st_gid) == (1234, 2345), path
 
 
 @pytest.mark.skipif(shutil.which("smbd") is None, reason="smbd is not installed")
@@ -199,6 +223,24 @@ def test_device_nodes_by_root(where, mount_on):
     os.mknod(mnt.path / "disk", stat.S_IFBLK | 0o600, os.makedev(8, 1))
     assert stat.S_ISCHR(os.lstat(mnt.path / "null").st_mode)
     assert stat.S_ISBLK(os.lstat(mnt.path / "disk").st_mode)
+
+
+@pytest.mark.parametrize("where", PLACES)
+def test_device_numbers_read_back_from_the_reparse_point(where, smb422):
+    """The server keeps a device node as a regular file with an NFS reparse point that holds its major
+    and minor: our mount, and a second one that did not make them, read them back by stat and listing."""
+    url, _ = smb422.fresh_dir(where.split("-", 1)[1])
+    want = {"null": (stat.S_IFCHR, 1, 3), "loop0": (stat.S_IFBLK, 7, 0)}
+    with offloadfs_mount(url, options=smb422.options()) as ours:
+        for name, (kind, major, minor) in want.items():
+            os.mknod(ours / name, kind | 0o600, os.makedev(major, minor))
+        with offloadfs_mount(url, options=smb422.options()) as theirs:
+            for mnt in (theirs, ours):
+                listed = {e.name: e.stat(follow_symlinks=False) for e in os.scandir(mnt)}
+                for name, (kind, major, minor) in want.items():
+                    for st in (listed[name], os.lstat(mnt / name)):
+                        assert (stat.S_IFMT(st.st_mode), os.major(st.st_rdev), os.minor(st.st_rdev)) == \
+                            (kind, major, minor), (mnt, name)
 
 
 @pytest.mark.parametrize("where", PLACES)

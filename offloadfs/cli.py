@@ -269,7 +269,7 @@ MOUNT_OPTIONS = [
     ("nosuid, nodev, noexec, sync, noatime, nodiratime", "as in mount(8)"),
     ("allow_other", "let other users in (turns on default_permissions)"),
     ("default_permissions", "let the kernel check permissions"),
-    ("uid=N, gid=N, umask=OCT", "owner, group and mode bits shown for every file"),
+    ("uid=N, gid=N, umask=OCT", "owner, group and mode bits shown for every file (no owners: NFS, SMB POSIX)"),
     ("offload=on|off|always", "off: no clones or server-side copies; always: no cost model"),
     ("detect_copies=on|off", "off: data copied by read and write is written as it comes"),
     ("trust_leases", "no read-back of copies a lease proves (blind to programs on the server)"),

@@ -256,17 +256,19 @@ class Filesystem(Operations):
         return (source.index + 1) << 56 | (ino & ((1 << 56) - 1))
 
     def _attr(self, inode, st):
-        """What the kernel sees: our inode numbers, and the uid=/gid=/umask= options applied."""
+        """What the kernel sees: our inode numbers, and the uid=/gid=/umask= options applied (uid= and
+        gid= only where the source does not report owners itself: Backend.owners_from_server)."""
         o = self.options
         ino = self._ino_of(inode)
         changes = {} if ino == st.ino else {"ino": ino}
         written = max(inode.pending.end() if inode.pending is not None else 0, self.behind.end(inode))
         if written > st.size:
             changes["size"] = written  # what the application wrote, held or on its way
-        if o.uid is not None:
-            changes["uid"] = o.uid
-        if o.gid is not None:
-            changes["gid"] = o.gid
+        if inode.source is None or not inode.source.backend.owners_from_server:
+            if o.uid is not None:
+                changes["uid"] = o.uid
+            if o.gid is not None:
+                changes["gid"] = o.gid
         if o.umask is not None:
             changes["mode"] = st.mode & ~o.umask
         return dataclasses.replace(st, **changes) if changes else st

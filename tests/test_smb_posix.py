@@ -156,3 +156,12 @@ def test_symlink_target_of_an_nfs_link_and_refusals():
 def test_special_file_reparse_points():
     assert posix.special_reparse(stat.S_IFIFO | 0o644) == struct.pack("<IHHQ", posix.TAG_NFS, 8, 0, 0x4F464946)
     assert posix.special_reparse(stat.S_IFCHR, 1, 3) == struct.pack("<IHHQII", posix.TAG_NFS, 16, 0, 0x00524843, 1, 3)
+
+
+def test_device_numbers_of_device_reparse_points_and_refusals():
+    assert posix.device_number(posix.special_reparse(stat.S_IFCHR, 1, 3)) == (1, 3)
+    assert posix.device_number(posix.special_reparse(stat.S_IFBLK, 259, 1 << 20)) == (259, 1 << 20)
+    for bad in [posix.special_reparse(stat.S_IFIFO), posix.special_reparse(stat.S_IFBLK, 7, 0)[:-4],
+                posix.symlink_reparse("x")]:
+        with pytest.raises(WireError):
+            posix.device_number(bad)

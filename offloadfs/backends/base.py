@@ -147,6 +147,11 @@ class Backend:
     # the file (NFS: the Linux client leaves that to the server); the daemon then does not, as its
     # SETATTR would act for the writer, who may not chmod a file they do not own.
     clears_setid_on_write = False
+    # Whether the server reports each file's owner and group and decides access by them (NFS, SMB
+    # with POSIX extensions): the mount's uid= and gid= then do not replace them, as mount.cifs
+    # ignores its uid= with unix extensions and mount.nfs has none.  Not for local sources, which
+    # the daemon reaches as root: there they are the mount's own choice, as bindfs's --force-user.
+    owners_from_server = False
     name_max = 255  # the longest name in bytes the source takes; set by root() where it says less
 
     @classmethod

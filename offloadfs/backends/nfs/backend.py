@@ -103,6 +103,7 @@ class NFSBackend(Backend):
     OPTIONS = url.OPTIONS
     HINTS = url.HINTS
     clears_setid_on_write = True  # as the Linux client has it; nfsd and ganesha do (test_mp_posix)
+    owners_from_server = True  # requests carry their caller's ids (AUTH_SYS)
 
     def __init__(self, source_url, options):
         self.url = source_url

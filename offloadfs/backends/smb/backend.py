@@ -132,9 +132,15 @@ class SMBBackend(Capabilities, Backend):
         self._listed = {}  # path -> (Attributes, expiry) from the last listings; see lookup()
         self.deferred = {}  # Node -> (File, trio.CancelScope of its timer): released, kept open (see release)
         self.dir_leases = {}  # directory Node -> None: whose listing's handle is held (_hold_listing), oldest first
+        self.dir_lease_breaks = 0  # breaks of those leases the server sent (our own changes should cause none)
         self.requests = collections.Counter()  # command name -> requests sent
         self.posix = False  # the connection has SMB 3.1.1 POSIX extensions: every open asks for POSIX semantics
         self.round_trips = 0  # requests and compounds sent, each answered before its caller goes on
+        self.devices = {}  # (file id, creation time) -> st_rdev of the device nodes seen (see _read_devices)
+
+    @property
+    def owners_from_server(self):
+        return self.posix  # without the extensions every file shows root (or uid=, gid=)
 
     def shares_server_with(self, other):
         # Resume keys and file ids are only good on the connection that issued them.
@@ -145,7 +151,7 @@ class SMBBackend(Capabilities, Backend):
     def counters(self):
         return {"smb_requests": dict(self.requests), "smb_round_trips": self.round_trips,
                 "smb_handles_kept": len(self.deferred) - len(self.dir_leases), "smb_dir_leases": len(self.dir_leases),
-                "smb_posix_sources": int(self.posix)}
+                "smb_dir_lease_breaks": self.dir_lease_breaks, "smb_posix_sources": int(self.posix)}
 
     async def _send(self, msgs, generation=None, sent=None):
         """Every request of the backend goes out here (Client.call), counted for status and logged with -o debug:
@@ -225,7 +231,7 @@ class SMBBackend(Capabilities, Backend):
         node = self.by_id.get(a.file_id)
         ctime_ns = max(a.ctime_ns, node.changed_ns) if node is not None else a.ctime_ns
         if a.mode is not None:
-            return self._posix_stat(a, ctime_ns)
+            return self._posix_stat(a, ctime_ns, self.devices.get((a.file_id, a.btime_ns), 0))
         if a.is_dir:
             mode = stat.S_IFDIR | self.target.dir_mode
         else:
@@ -337,8 +343,8 @@ class SMBBackend(Capabilities, Backend):
                                  flags, LIST_BUFFER)
 
     @staticmethod
-    def _posix_stat(a: info.Attributes, ctime_ns):
-        return Stat(ino=a.file_id, mode=a.mode, nlink=a.nlink, uid=a.uid, gid=a.gid, size=a.size,
+    def _posix_stat(a: info.Attributes, ctime_ns, rdev):
+        return Stat(ino=a.file_id, mode=a.mode, nlink=a.nlink, uid=a.uid, gid=a.gid, rdev=rdev, size=a.size,
                     blocks=(a.allocation + 511) // 512, blksize=1 << 20, atime_ns=a.atime_ns, mtime_ns=a.mtime_ns,
                     ctime_ns=ctime_ns)
 
@@ -361,6 +367,31 @@ class SMBBackend(Capabilities, Backend):
     async def _stat_path(self, path):
         _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES), self._query_all(), m.close()], path)
         return self._attributes_in(body)
+
+    async def _reparse_point(self, path):
+        """The reparse point of ``path`` (a POSIX open never follows it)."""
+        _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES),
+                                       m.ioctl(m.RELATED, posix.FSCTL_GET_REPARSE_POINT, b"", posix.MAX_REPARSE),
+                                       m.close()], path)
+        return wire.IoctlResponse.output(body)
+
+    async def _read_devices(self, found):
+        """Learn the device numbers of the device nodes among ``found``, [(path, Attributes)], not known
+        yet: a round trip each.  Samba 4.22 reports such a node's type in the POSIX information, but it is
+        a regular file on the server, and the numbers are only in its reparse point (as the Linux cifs
+        client reads them).  Known by file id and creation time, as xfs gives a removed file's inode number
+        to the next new file; a reparse point that holds none (another client's layout) reads as 0."""
+        for path, a in found:
+            key = (a.file_id, a.btime_ns)
+            if a.mode is None or not (stat.S_ISCHR(a.mode) or stat.S_ISBLK(a.mode)) or key in self.devices:
+                continue
+            try:
+                self.devices[key] = os.makedev(*posix.device_number(await self._reparse_point(path)))
+            except wire.WireError as e:
+                log.debug("%s: no device number: %s", path, e)
+                self.devices[key] = 0
+            except FileNotFoundError:
+                pass  # removed since: its numbers are nobody's concern
 
     async def _size(self, file):
         body = await self._file_call(file, lambda fid: m.query_info(info.FILE_STANDARD, fid, 64))
@@ -400,6 +431,7 @@ class SMBBackend(Capabilities, Backend):
         path = self._child(dir, name)
         try:
             a = await self._attributes(path)
+            await self._read_devices([(path, a)])
         except FileNotFoundError:
             self._removed(path)  # by another client: what it named goes on by its other names
             raise
@@ -563,11 +595,9 @@ class SMBBackend(Capabilities, Backend):
         if not self.posix:
             raise OSError(errno.EINVAL, "SMB without unix extensions has no symlinks")
         path = _path(node)
-        _, body, _ = await self._call([self._create(path, m.READ_ATTRIBUTES),
-                                       m.ioctl(m.RELATED, posix.FSCTL_GET_REPARSE_POINT, b"", posix.MAX_REPARSE),
-                                       m.close()], path)
+        data = await self._reparse_point(path)
         try:
-            return posix.symlink_target(wire.IoctlResponse.output(body)).encode("utf-8", "surrogateescape")
+            return posix.symlink_target(data).encode("utf-8", "surrogateescape")
         except wire.WireError as e:
             raise OSError(errno.EINVAL, f"{path}: {e}") from None
 
@@ -588,13 +618,14 @@ class SMBBackend(Capabilities, Backend):
         if stat.S_IFMT(mode) not in posix.NFS_TYPES:
             raise OSError(errno.EINVAL, f"no such file type: 0o{stat.S_IFMT(mode):o}")
         reparse = posix.special_reparse(mode, os.major(rdev), os.minor(rdev))
-        return await self._make(dir, name, m.NON_DIRECTORY_FILE, mode, reparse)
+        return await self._make(dir, name, m.NON_DIRECTORY_FILE, mode, reparse, rdev)
 
     async def mkdir(self, dir, name, mode):
         return await self._make(dir, name, m.DIRECTORY_FILE, mode)
 
-    async def _make(self, dir, name, options, mode, reparse=None):
-        """Create a file or directory; with ``reparse``, a symlink or special file (see posix.py)."""
+    async def _make(self, dir, name, options, mode, reparse=None, rdev=0):
+        """Create a file or directory; with ``reparse``, a symlink or special file (see posix.py), device
+        ``rdev`` if it is a device node."""
         self._listed.clear()
         path = self._child(dir, name)
         if reparse is None:
@@ -604,6 +635,8 @@ class SMBBackend(Capabilities, Backend):
         else:
             body = await self._make_reparse_point(path, options, mode, reparse)
         a = await self._give_to_caller(path, dir, self._attributes_in(body))
+        if rdev:
+            self.devices[a.file_id, a.btime_ns] = rdev
         return self._node(path, a), self._stat(a)
 
     async def _make_reparse_point(self, path, options, mode, reparse):
@@ -623,7 +656,8 @@ class SMBBackend(Capabilities, Backend):
         self._listed.clear()
         path = self._child(dir, name)
         link = info.FileRenameInformation(False, self._wire_path(path)).pack()
-        _, _, body, _ = await self._call([self._create(_path(node), m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES),
+        _, _, body, _ = await self._call([self._create(_path(node), m.READ_ATTRIBUTES | m.WRITE_ATTRIBUTES,
+                                                       **self._ours(path)),
                                           m.set_info(info.FILE_LINK, link), self._query_all(), m.close()], path)
         a = self._attributes_in(body)
         node.changed()
@@ -663,9 +697,10 @@ class SMBBackend(Capabilities, Backend):
         if old == new:
             return
         replace = not flags & RENAME_NOREPLACE
-        await self._close_deferred_below(old, new)
+        held = self.nodes.get(old) if self.nodes.get(old) in self.dir_leases else None
+        await self._close_deferred_below(old, new, keep=held)
         try:
-            await self._rename_on_server(old, new, replace)
+            await self._rename_on_server(old, new, replace, held)
         except OSError as e:
             if not replace or status_of(e) not in (errors.OBJECT_NAME_COLLISION, errors.ACCESS_DENIED):
                 raise
@@ -686,9 +721,10 @@ class SMBBackend(Capabilities, Backend):
         _unlinked(self.nodes.get(new))  # replaced
         self._moved(old, new)
 
-    async def _rename_on_server(self, old, new, replace):
+    async def _rename_on_server(self, old, new, replace, held=None):
+        """``held``: the directory at ``old``, whose listing's handle we keep open under its lease."""
         move = info.FileRenameInformation(replace, self._wire_path(new)).pack()
-        await self._call([self._create(old, m.DELETE | m.READ_ATTRIBUTES, **self._ours(old)),
+        await self._call([self._create(old, m.DELETE | m.READ_ATTRIBUTES, **self._ours(old, held)),
                           m.set_info(info.FILE_RENAME, move), m.close()], old)
 
     async def _replace_open_file(self, old, new):
@@ -978,11 +1014,13 @@ class SMBBackend(Capabilities, Backend):
         if node in self.deferred:
             trio.lowlevel.spawn_system_task(self._close_deferred, node)
 
-    async def _close_deferred_below(self, *paths):
-        """Close the handles kept open for ``paths`` and what is below them, before our own change by name."""
+    async def _close_deferred_below(self, *paths, keep=None):
+        """Close the handles kept open for ``paths`` and what is below them, but ``keep``'s, before our own
+        change by name (smbd refuses to rename a directory above a handle its process holds open)."""
         if self.deferred:
             for node in [self.nodes[p] for path in paths for p in self._known(path)]:
-                await self._close_deferred(node)
+                if node is not keep:
+                    await self._close_deferred(node)
 
     async def _close(self, file):
         if file.lease is not None:
@@ -1005,11 +1043,14 @@ class SMBBackend(Capabilities, Backend):
         generation, listener = self.client.generation, self.client.leases
         lease = self._lease_of(node) if conn.supports_directory_leasing and self.target.dir_cache else None
         seen = listener.opening(lease) if lease is not None else None
+        # Naming the parent's lease: Samba keeps the parent key of the open that made a lease for every
+        # open under it, and our rename of this directory goes under its lease (see _ours).
+        leasing = {"oplock": m.LEASE, "contexts": [lease.context(True, self._parent_key(path))]} if lease else {}
         first_pages = [] if lease else [self._list_page(m.RELATED, m.RESTART_SCAN), self._list_page(m.RELATED, 0)]
         try:
             create, queried, *pages = await self._send([
                 self._create(path, m.READ_DATA | m.READ_ATTRIBUTES | m.SYNCHRONIZE, m.OPEN, m.DIRECTORY_FILE,
-                             oplock=m.LEASE if lease else m.NO_OPLOCK, contexts=[lease.context(True)] if lease else ()),
+                             **leasing),
                 self._query_all(), *first_pages], generation)
         except BaseException:
             if lease is not None:
@@ -1029,7 +1070,7 @@ class SMBBackend(Capabilities, Backend):
         fid = created.file_id
         held = File(self, node, m.READ_DATA, fid, generation)
         held.lease = lease
-        items = []
+        found = []  # (name, path, Attributes) of each entry
         seen = _Pages(f"{self.client.where}: listing of {path or 'the share'}",
                       posix.FilePosixDirectoryInformation if self.posix else info.FileIdBothDirectoryInformation)
         try:
@@ -1052,17 +1093,21 @@ class SMBBackend(Capabilities, Backend):
                     raise status_error(status, what=path)
                 for name, a in seen.entries(wire.QueryResponse.buffer(body)):
                     if name not in (".", ".."):
-                        st = self._stat(a)
-                        items.append(DirItem(name.encode("utf-8", "surrogatepass"), a.file_id, st.mode >> 12, st))
-                        self._listed[f"{path}\\{name}" if path else name] = (a, expiry)
+                        found.append((name, f"{path}\\{name}" if path else name, a))
+                        self._listed[found[-1][1]] = (a, expiry)
                 if not pages:
                     pages = await self._send(
                         [self._list_page(fid, 0)], generation)
+            await self._read_devices([(p, a) for _, p, a in found])
         except BaseException:
             trio.lowlevel.spawn_system_task(self._close_listing, held)
             raise
         if not self._hold_listing(held):
             trio.lowlevel.spawn_system_task(self._close_listing, held)
+        items = []
+        for name, _, a in found:
+            st = self._stat(a)
+            items.append(DirItem(name.encode("utf-8", "surrogatepass"), a.file_id, st.mode >> 12, st))
         return before, items
 
     async def _close_listing(self, file):
@@ -1108,11 +1153,19 @@ class SMBBackend(Capabilities, Backend):
         parent = self.nodes.get(path.rpartition("\\")[0])
         return parent.lease.key if parent is not None and parent in self.dir_leases else None
 
-    def _ours(self, path):
+    def _ours(self, path, held=None):
         """create() arguments for an open that only changes a name in ``path``'s directory: a lease of
-        nothing (state 0) that names the directory's lease as its parent, where we hold one."""
+        nothing (state 0) that names the directory's lease as its parent, where we hold one.  ``held``:
+        the directory at ``path``, whose own lease we hold: the open goes under that lease, which Samba
+        then does not break for the rename (it skips the opens of the renaming open's own lease)."""
         parent = self._parent_key(path)
-        return {} if parent is None else {"oplock": m.LEASE, "contexts": [m.lease(uuid.uuid4().bytes, 0, True, parent)]}
+        if held is not None:
+            lease = m.lease(held.lease.key, held.lease.state, True, parent)
+        elif parent is not None:
+            lease = m.lease(uuid.uuid4().bytes, 0, True, parent)
+        else:
+            return {}
+        return {"oplock": m.LEASE, "contexts": [lease]}
 
     async def statfs(self, node):
         path = _path(node)

@@ -207,6 +207,8 @@ class Listener:
             return  # its last handle was closed meanwhile, which ends it
         if brk.ack_required:
             trio.lowlevel.spawn_system_task(self._acknowledge, lease, brk.new)
+        if lease.directory:
+            lease.backend.dir_lease_breaks += 1
         try:
             lease.broken(brk)
             if lease.node is not None:

@@ -245,12 +245,28 @@ def special_reparse(mode, major=0, minor=0):
     return _reparse(TAG_NFS, data)
 
 
-def symlink_target(data):
-    """The target (str) of a symlink's reparse point: a SYMLINK one, or an NFS one of type LNK."""
+def _reparse_body(data):
+    """(tag, data) of a reparse point."""
     tag, length, _ = _unpack(_REPARSE, data, what="reparse point")
     body = data[_REPARSE.size:_REPARSE.size + length]
     if len(body) != length:
         raise WireError(f"reparse point: {length} bytes of data, {len(body)} there")
+    return tag, body
+
+
+def device_number(data):
+    """(major, minor) of a device node's reparse point, an NFS one of type CHR or BLK: where the server
+    keeps them, as it reports a device node as such but with the device of its own file system."""
+    tag, body = _reparse_body(data)
+    kind = _unpack(_NFS_TYPE, body, what="NFS reparse point")[0] if tag == TAG_NFS else None
+    if kind not in (NFS_TYPES[stat.S_IFCHR], NFS_TYPES[stat.S_IFBLK]):
+        raise WireError(f"reparse point of tag 0x{tag:08X}: not a device node")
+    return _unpack(_DEVICE, body, _NFS_TYPE.size, "NFS device reparse point")
+
+
+def symlink_target(data):
+    """The target (str) of a symlink's reparse point: a SYMLINK one, or an NFS one of type LNK."""
+    tag, body = _reparse_body(data)
     if tag == TAG_SYMLINK:
         offset, size, _, _, _ = _unpack(_SYMLINK, body, what="symlink reparse point")
         name = bytes(body[_SYMLINK.size + offset:_SYMLINK.size + offset + size])
