@@ -14,7 +14,6 @@ NO_TICKET = "no Kerberos ticket: run kinit (or give keytab= or cruid=)"
 FAILURES = (
     ("No Kerberos credentials available", NO_TICKET),
     ("No credentials cache found", NO_TICKET),
-    ("No credentials were supplied", NO_TICKET),
     ("Ticket expired", "the Kerberos ticket has expired: run kinit again"),
     ("Clock skew too great", "clock skew too great between this machine and the KDC: set the clock (NTP)"),
     ("not found in Kerberos database", "the server's name is unknown to the KDC: give the server by the name "

@@ -30,7 +30,7 @@ import trio
 from .. import SourceError
 from ..base import CALLER, Backend, DirItem, FsStat, NotSupported, Stat, user_xattr
 from ..parallel import copy_spans, together
-from . import attrs, errors, ops, rpc, url
+from . import attrs, errors, ops, url
 from .errors import NFSError
 from .session import Client
 
@@ -125,7 +125,7 @@ class NFSBackend(Backend):
 
     async def _call(self, op_list, **kw):
         self.requests.update(type(op).__name__.upper() for op in op_list if not isinstance(op, ops.PutFH))
-        return await self.client.compound(op_list, cred=rpc.caller_cred(CALLER.get()), **kw)
+        return await self.client.compound(op_list, cred=self.client.cred(CALLER.get()), **kw)
 
     def _stat(self, v):
         rawdev = v.get(attrs.RAWDEV, (0, 0))

@@ -1,0 +1,309 @@
+"""RPCSEC_GSS version 1 (RFC 2203) with Kerberos V5: sec=krb5, krb5i and krb5p.
+
+A context is set up with NULL calls carrying the GSS tokens (INIT, then
+CONTINUE_INIT while the mechanism asks for more); the server names it by a
+handle and says how many calls it keeps track of (the sequence window).
+Every call then carries the handle and a sequence number in its credential,
+and as verifier a MIC over the RPC header; the reply's verifier is a MIC of
+that sequence number, so a reply that does not verify is an error, never
+data.  krb5i sends arguments and results as rpc_gss_integ_data (the
+sequence number and the body, then a MIC over both), krb5p as
+rpc_gss_priv_data (both wrapped, encrypted).
+
+The server drops calls whose sequence number has fallen out of its window:
+no more calls than the window are in flight on one context.  A context the
+server no longer knows (it expired, or the server restarted) is refused with
+RPCSEC_GSS_CREDPROBLEM or CTXPROBLEM: a new one is set up and the call sent
+again, which is safe because a refused call never ran.
+
+One context per user: root (and the client's own housekeeping) uses the
+mount's credentials (the cache or keytab given at mount), any other uid its
+own cache /tmp/krb5cc_UID; a uid without one gets EACCES.
+"""
+import errno
+import logging
+import os
+
+import trio
+
+from .. import kerberos
+from . import rpc
+from .xdr import Packer, ProtocolError, Unpacker
+
+log = logging.getLogger(__name__)
+
+RPCSEC_GSS = 6
+RPCSEC_GSS_VERSION = 1
+DATA, INIT, CONTINUE_INIT, DESTROY = range(4)
+SVC_NONE, SVC_INTEGRITY, SVC_PRIVACY = 1, 2, 3
+SERVICES = {"krb5": SVC_NONE, "krb5i": SVC_INTEGRITY, "krb5p": SVC_PRIVACY}
+# auth_stat values (RFC 2203 section 5.3.3.3): the context is gone, set up another.
+CREDPROBLEM, CTXPROBLEM = 13, 14
+GSS_S_COMPLETE, GSS_S_CONTINUE_NEEDED = 0, 1
+MAXSEQ = 0x80000000  # RFC 2203 5.3.3.1: a context must not go past this sequence number
+KRB5_OID = bytes.fromhex("2a864886f712010202")  # 1.2.840.113554.1.2.2, as SECINFO carries it
+MAX_TOKEN = 64 << 10
+NFS_PROGRAM, NFS_V4, NFS_NULL = 100003, 4, 0
+
+
+class Refused(Exception):
+    """The server or the KDC would not set a context up; the message is one line for the user."""
+
+
+# -- the wire (pure functions: tests check them against RFC 2203's layouts) ----------------------------
+
+
+def credential(proc, seq, service, handle):
+    """rpc_gss_cred_t, version 1: (flavor, body)."""
+    p = Packer()
+    for v in (RPCSEC_GSS_VERSION, proc, seq, service):
+        p.u32(v)
+    p.opaque(handle)
+    return RPCSEC_GSS, p.bytes()
+
+
+def seq_bytes(seq):
+    p = Packer()
+    p.u32(seq)
+    return p.bytes()
+
+
+def integ_data(seq, body, get_mic):
+    """rpc_gss_integ_data: databody_integ (seq, body) and a MIC over it."""
+    databody = seq_bytes(seq) + body
+    p = Packer()
+    p.opaque(databody)
+    p.opaque(get_mic(databody))
+    return p.bytes()
+
+
+def priv_data(seq, body, wrap):
+    """rpc_gss_priv_data: databody_priv (seq, body), wrapped."""
+    p = Packer()
+    p.opaque(wrap(seq_bytes(seq) + body))
+    return p.bytes()
+
+
+def _body_of(seq, databody):
+    u = Unpacker(databody)
+    got = u.u32()
+    if got != seq:
+        raise ProtocolError(f"RPCSEC_GSS reply for sequence number {got}, not {seq}")
+    return Unpacker(databody, u.pos)
+
+
+def open_integ(seq, u, verify_mic, limit):
+    """The results inside rpc_gss_integ_data ``u``, once its MIC and sequence number check out."""
+    databody = u.opaque(limit, "databody_integ")
+    mic = u.opaque(MAX_TOKEN, "checksum")
+    verify_mic(databody, mic)
+    return _body_of(seq, databody)
+
+
+def open_priv(seq, u, unwrap, limit):
+    """The results inside rpc_gss_priv_data ``u``, unwrapped."""
+    return _body_of(seq, unwrap(u.opaque(limit, "databody_priv")))
+
+
+def init_result(u):
+    """rpc_gss_init_res: (handle, major, minor, window, token)."""
+    handle = u.opaque(MAX_TOKEN, "context handle")
+    major, minor, window = u.u32(), u.u32(), u.u32()
+    return handle, major, minor, window, u.opaque(MAX_TOKEN, "GSS token")
+
+
+class Window:
+    """The sequence numbers of one context and the calls in flight on it: never more than the server's
+    window, so that none falls out of it."""
+
+    def __init__(self, size):
+        self.size = max(1, size)
+        self.next = 1
+        self._in_flight = trio.Semaphore(self.size)
+
+    async def __aenter__(self):
+        await self._in_flight.acquire()
+        seq, self.next = self.next, self.next + 1
+        return seq
+
+    async def __aexit__(self, *exc):
+        self._in_flight.release()
+
+    @property
+    def spent(self):
+        return self.next >= MAXSEQ
+
+
+# -- contexts ------------------------------------------------------------------------------------------
+
+
+class Context:
+    """One established RPCSEC_GSS context: its handle, window and GSS security context."""
+
+    def __init__(self, service, handle, window, gss_context):
+        self.service = service
+        self.handle = handle
+        self.window = Window(window)
+        self.gss = gss_context
+        self.dead = False
+
+    def _mic(self, data):
+        return self.gss.get_signature(data)
+
+    def _verify(self, data, mic):
+        import gssapi.exceptions
+
+        try:
+            self.gss.verify_signature(data, mic)
+        except gssapi.exceptions.GSSError as e:
+            raise ProtocolError(f"RPCSEC_GSS checksum does not verify: {e.gen_message()}") from None
+
+    def _unwrap(self, data):
+        import gssapi.exceptions
+
+        try:
+            return self.gss.decrypt(data)
+        except gssapi.exceptions.GSSError as e:
+            raise ProtocolError(f"RPCSEC_GSS reply does not unwrap: {e.gen_message()}") from None
+
+    async def call(self, conn, prog, vers, proc, args):
+        async with self.window as seq:
+            if self.service == SVC_INTEGRITY:
+                args = integ_data(seq, args, self._mic)
+            elif self.service == SVC_PRIVACY:
+                args = priv_data(seq, args, self.gss.encrypt)
+            u, verifier = await conn.call_verified(prog, vers, proc, credential(DATA, seq, self.service, self.handle),
+                                                   args, self._mic)
+        flavor, mic = verifier
+        if flavor != RPCSEC_GSS:
+            raise ProtocolError(f"RPCSEC_GSS reply with a verifier of flavor {flavor}")
+        self._verify(seq_bytes(seq), mic)
+        if self.service == SVC_INTEGRITY:
+            return open_integ(seq, u, self._verify, conn.max_record)
+        if self.service == SVC_PRIVACY:
+            return open_priv(seq, u, self._unwrap, conn.max_record)
+        return u
+
+
+async def establish(conn, service, target, creds):
+    """Set a context up for ``creds`` (gssapi.Credentials) with host-based service ``target`` (nfs@HOST)."""
+    import gssapi
+
+    flags = (gssapi.RequirementFlag.mutual_authentication | gssapi.RequirementFlag.integrity
+             | gssapi.RequirementFlag.confidentiality)
+    name = gssapi.Name(target, gssapi.NameType.hostbased_service)
+    gss = gssapi.SecurityContext(name=name, creds=creds, flags=flags, mech=gssapi.MechType.kerberos,
+                                 usage="initiate")
+    token = await _step(gss, None)  # asks the KDC for a service ticket: off the event loop
+    handle = b""
+    while True:
+        p = Packer()
+        p.opaque(token)
+        cred = credential(CONTINUE_INIT if handle else INIT, 0, service, handle)
+        u, verifier = await conn.call_verified(NFS_PROGRAM, NFS_V4, NFS_NULL, cred, p.bytes())
+        handle, major, minor, window, token = init_result(u)
+        if major not in (GSS_S_COMPLETE, GSS_S_CONTINUE_NEEDED):
+            raise Refused(f"the NFS server refused the Kerberos context (GSS major {major:#x}, minor {minor})")
+        if token:
+            token = await _step(gss, token)
+        if major == GSS_S_COMPLETE and gss.complete:
+            break
+        if not token:
+            raise Refused("the Kerberos context did not complete")
+    context = Context(service, handle, window, gss)
+    if verifier[0] != RPCSEC_GSS:
+        raise ProtocolError("RPCSEC_GSS context set up without a verifier")
+    context._verify(seq_bytes(window), verifier[1])
+    return context
+
+
+async def _step(gss, token):
+    import gssapi.exceptions
+
+    try:
+        return await trio.to_thread.run_sync(gss.step, token) or b""
+    except gssapi.exceptions.GSSError as e:
+        raise Refused(kerberos.failure(e) or f"Kerberos: {e.gen_message()}") from None
+
+
+class Security:
+    """The contexts of one NFS client: one per uid, set up on first use and again when the server
+    forgets one."""
+
+    def __init__(self, sec, host, ccache=None, keytab=None, principal=None):
+        self.service = SERVICES[sec]
+        self.target = f"nfs@{host}"
+        self.ccache, self.keytab, self.principal = ccache, keytab, principal
+        self.contexts = {}  # uid -> Context
+        self._setting_up = {}  # uid -> trio.Lock
+
+    def credentials(self, uid):
+        """gssapi.Credentials of ``uid``: the mount's for root, else the user's own cache."""
+        import gssapi
+        import gssapi.exceptions
+
+        store, name = {}, None
+        if uid != 0:
+            path = f"/tmp/krb5cc_{uid}"
+            if not os.path.exists(path):
+                raise Refused(f"uid {uid} has no Kerberos ticket ({path})") from None
+            store["ccache"] = f"FILE:{path}"
+        elif self.keytab:
+            store["client_keytab"] = self.keytab
+            store["ccache"] = f"MEMORY:offloadfs-nfs-{id(self)}"  # the keytab's tickets stay in the daemon
+            name = gssapi.Name(self.principal, gssapi.NameType.kerberos_principal) if self.principal else None
+        elif self.ccache:
+            store["ccache"] = self.ccache
+        try:
+            return gssapi.Credentials(name=name, usage="initiate", store=store or None)
+        except gssapi.exceptions.GSSError as e:
+            raise Refused(kerberos.failure(e) or f"Kerberos: {e.gen_message()}") from None
+
+    async def context(self, conn, uid):
+        context = self.contexts.get(uid)
+        if context is not None and not context.dead and not context.window.spent:
+            return context
+        lock = self._setting_up.setdefault(uid, trio.Lock())
+        async with lock:
+            context = self.contexts.get(uid)
+            if context is None or context.dead or context.window.spent:
+                creds = await trio.to_thread.run_sync(self.credentials, uid)
+                context = self.contexts[uid] = await establish(conn, self.service, self.target, creds)
+            return context
+
+    def for_user(self, uid):
+        """The credential Connection.call takes for requests acting for ``uid``."""
+        return UserCredential(self, uid)
+
+
+class UserCredential:
+    """What session and backend pass as ``cred``: the uid whose context signs the call."""
+
+    __slots__ = ("security", "uid")
+
+    def __init__(self, security, uid):
+        self.security = security
+        self.uid = uid
+
+    async def call(self, conn, prog, vers, proc, args):
+        for attempt in range(2):
+            try:
+                context = await self.security.context(conn, self.uid)
+            except Refused as e:
+                raise OSError(errno.EACCES, str(e)) from None
+            try:
+                return await context.call(conn, prog, vers, proc, args)
+            except rpc.AuthError as e:
+                if e.stat not in (CREDPROBLEM, CTXPROBLEM) or attempt:
+                    raise
+                log.info("RPCSEC_GSS context of uid %d gone (auth_stat %d): setting up another", self.uid, e.stat)
+                context.dead = True
+
+
+def flavour_name(flavor, oid, service):
+    """sec= for one SECINFO entry (flavor, mechanism OID, service); None for one we do not speak."""
+    if flavor == rpc.AUTH_SYS_FLAVOR:
+        return "sys"
+    if flavor == RPCSEC_GSS and oid == KRB5_OID:
+        return {SVC_NONE: "krb5", SVC_INTEGRITY: "krb5i", SVC_PRIVACY: "krb5p"}.get(service)
+    return None
