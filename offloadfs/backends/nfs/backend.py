@@ -17,6 +17,9 @@ Requests go with the AUTH_SYS credential of the user they act for (CALLER:
 the requester, or for an open file whoever opened it), so the server makes
 new files theirs and checks their permissions, and a root-squashing export
 lets users reach their own files.  Keeping the session alive goes as root.
+Under sec=krb5, krb5i or krb5p the same requests go with that user's RPCSEC_GSS
+context instead (gss.py): root's from the mount's credentials, anyone else's
+from their own ticket cache.
 """
 import collections
 import errno

@@ -20,6 +20,7 @@ One context per user: root (and the client's own housekeeping) uses the
 mount's credentials (the cache or keytab given at mount), any other uid its
 own cache /tmp/krb5cc_UID; a uid without one gets EACCES.
 """
+import contextlib
 import errno
 import logging
 import os
@@ -43,11 +44,16 @@ GSS_S_COMPLETE, GSS_S_CONTINUE_NEEDED = 0, 1
 MAXSEQ = 0x80000000  # RFC 2203 5.3.3.1: a context must not go past this sequence number
 KRB5_OID = bytes.fromhex("2a864886f712010202")  # 1.2.840.113554.1.2.2, as SECINFO carries it
 MAX_TOKEN = 64 << 10
+EXPIRY_MARGIN = 1.0  # seconds before its ticket ends that a context is replaced
 NFS_PROGRAM, NFS_V4, NFS_NULL = 100003, 4, 0
 
 
 class Refused(Exception):
     """The server or the KDC would not set a context up; the message is one line for the user."""
+
+
+class Expired(Exception):
+    """Our side of the context has expired (its ticket has): set up another and send again."""
 
 
 # -- the wire (pure functions: tests check them against RFC 2203's layouts) ----------------------------
@@ -146,32 +152,51 @@ class Context:
         self.window = Window(window)
         self.gss = gss_context
         self.dead = False
+        # Its ticket's end: the server refuses the context from then on, and the library too.
+        self.expires = trio.current_time() + (gss_context.lifetime or 0)
+
+    @property
+    def usable(self):
+        return not self.dead and not self.window.spent and trio.current_time() < self.expires - EXPIRY_MARGIN
+
+    @contextlib.contextmanager
+    def _mechanism(self, refusal=None):
+        """Around a GSS call: an expired context is Expired; with ``refusal`` (what a reply that fails
+        the check is) any other GSS failure is the server's ProtocolError."""
+        import gssapi.exceptions
+
+        try:
+            yield
+        except gssapi.exceptions.ExpiredContextError:
+            self.dead = True
+            raise Expired() from None
+        except gssapi.exceptions.GSSError as e:
+            if refusal is None:
+                raise
+            raise ProtocolError(f"RPCSEC_GSS {refusal}: {e.gen_message()}") from None
 
     def _mic(self, data):
-        return self.gss.get_signature(data)
+        with self._mechanism():
+            return self.gss.get_signature(data)
+
+    def _wrap(self, data):
+        with self._mechanism():
+            return self.gss.encrypt(data)
 
     def _verify(self, data, mic):
-        import gssapi.exceptions
-
-        try:
+        with self._mechanism("checksum does not verify"):
             self.gss.verify_signature(data, mic)
-        except gssapi.exceptions.GSSError as e:
-            raise ProtocolError(f"RPCSEC_GSS checksum does not verify: {e.gen_message()}") from None
 
     def _unwrap(self, data):
-        import gssapi.exceptions
-
-        try:
+        with self._mechanism("reply does not unwrap"):
             return self.gss.decrypt(data)
-        except gssapi.exceptions.GSSError as e:
-            raise ProtocolError(f"RPCSEC_GSS reply does not unwrap: {e.gen_message()}") from None
 
     async def call(self, conn, prog, vers, proc, args):
         async with self.window as seq:
             if self.service == SVC_INTEGRITY:
                 args = integ_data(seq, args, self._mic)
             elif self.service == SVC_PRIVACY:
-                args = priv_data(seq, args, self.gss.encrypt)
+                args = priv_data(seq, args, self._wrap)
             u, verifier = await conn.call_verified(prog, vers, proc, credential(DATA, seq, self.service, self.handle),
                                                    args, self._mic)
         flavor, mic = verifier
@@ -261,12 +286,14 @@ class Security:
 
     async def context(self, conn, uid):
         context = self.contexts.get(uid)
-        if context is not None and not context.dead and not context.window.spent:
+        if context is not None and context.usable:
             return context
         lock = self._setting_up.setdefault(uid, trio.Lock())
         async with lock:
             context = self.contexts.get(uid)
-            if context is None or context.dead or context.window.spent:
+            if context is None or not context.usable:
+                if context is not None:
+                    log.info("RPCSEC_GSS context of uid %d ended: setting up another", uid)
                 creds = await trio.to_thread.run_sync(self.credentials, uid)
                 context = self.contexts[uid] = await establish(conn, self.service, self.target, creds)
             return context
@@ -293,6 +320,10 @@ class UserCredential:
                 raise OSError(errno.EACCES, str(e)) from None
             try:
                 return await context.call(conn, prog, vers, proc, args)
+            except Expired:
+                if attempt:
+                    raise OSError(errno.EACCES, "the Kerberos context expired as it was set up") from None
+                log.info("RPCSEC_GSS context of uid %d expired: setting up another", self.uid)
             except rpc.AuthError as e:
                 if e.stat not in (CREDPROBLEM, CTXPROBLEM) or attempt:
                     raise
