@@ -255,10 +255,10 @@ class Security:
     """The contexts of one NFS client: one per uid, set up on first use and again when the server
     forgets one."""
 
-    def __init__(self, sec, host, ccache=None, keytab=None, principal=None):
+    def __init__(self, sec, host, ccache=None, keytab=None):
         self.service = SERVICES[sec]
         self.target = f"nfs@{host}"
-        self.ccache, self.keytab, self.principal = ccache, keytab, principal
+        self.ccache, self.keytab = ccache, keytab
         self.contexts = {}  # uid -> Context
         self._setting_up = {}  # uid -> trio.Lock
 
@@ -267,20 +267,20 @@ class Security:
         import gssapi
         import gssapi.exceptions
 
-        store, name = {}, None
+        store = {}
         if uid != 0:
             path = f"/tmp/krb5cc_{uid}"
             if not os.path.exists(path):
-                raise Refused(f"uid {uid} has no Kerberos ticket ({path})") from None
+                raise Refused(f"uid {uid} has no Kerberos ticket ({path})")
             store["ccache"] = f"FILE:{path}"
         elif self.keytab:
+            # The keytab's first principal; its tickets stay in the daemon's memory.
             store["client_keytab"] = self.keytab
-            store["ccache"] = f"MEMORY:offloadfs-nfs-{id(self)}"  # the keytab's tickets stay in the daemon
-            name = gssapi.Name(self.principal, gssapi.NameType.kerberos_principal) if self.principal else None
+            store["ccache"] = f"MEMORY:offloadfs-nfs-{id(self)}"
         elif self.ccache:
             store["ccache"] = self.ccache
         try:
-            return gssapi.Credentials(name=name, usage="initiate", store=store or None)
+            return gssapi.Credentials(usage="initiate", store=store or None)
         except gssapi.exceptions.GSSError as e:
             raise Refused(kerberos.failure(e) or f"Kerberos: {e.gen_message()}") from None
 
@@ -318,6 +318,8 @@ class UserCredential:
                 context = await self.security.context(conn, self.uid)
             except Refused as e:
                 raise OSError(errno.EACCES, str(e)) from None
+            except rpc.AuthError as e:
+                raise OSError(errno.EACCES, f"the NFS server refused a Kerberos context (auth_stat {e.stat})") from None
             try:
                 return await context.call(conn, prog, vers, proc, args)
             except Expired:
