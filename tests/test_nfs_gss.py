@@ -11,6 +11,7 @@ import trio.testing
 from test_nfs_rpc import connected, record
 
 from offloadfs.backends.nfs import gss, ops, rpc
+from offloadfs.backends.nfs.session import Client, Settings
 from offloadfs.backends.nfs.xdr import Packer, ProtocolError, Unpacker
 
 
@@ -232,3 +233,20 @@ async def test_each_uid_has_its_own_context(monkeypatch):
     await security.for_user(0).call(conn, 100003, 4, 1, b"c")
     assert [c[:2] for c in conn.calls] == [(gss.INIT, 0), (gss.DATA, 1), (gss.INIT, 0), (gss.DATA, 1),
                                            (gss.DATA, 2)]
+
+
+@pytest.mark.parametrize("offered, chosen", [
+    ([(6, gss.KRB5_OID, 3), (1, None, None)], None),  # AUTH_SYS wherever the server takes it
+    ([(6, b"\x2a\x03", 1), (6, gss.KRB5_OID, 2), (6, gss.KRB5_OID, 1)], gss.SVC_INTEGRITY),  # its first we speak
+    ([(0, None, None)], None),  # nothing we speak: AUTH_SYS, and the server says no
+])
+async def test_without_sec_the_servers_list_chooses(monkeypatch, offered, chosen):
+    client = Client(Settings(host="h"))
+
+    async def compound(op_list, cred=None):
+        assert isinstance(op_list[1], ops.SecInfoNoName)
+        return [None, offered]
+
+    monkeypatch.setattr(client, "compound", compound)
+    await client._choose_security()
+    assert (client.security and client.security.service) == chosen

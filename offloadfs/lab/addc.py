@@ -11,6 +11,12 @@ smb.conf of its own.  The server's address changes per namespace and the
 client asks for a ticket to cifs/ADDRESS (the host as given in the URL), so
 each DC adds that name to its machine account at start.
 
+For the NFS Kerberos tests, nfs_kerberos_lab() puts an nfs-ganesha beside
+the DC in its namespace, with the keys of nfs/ADDRESS (a second name of the
+DC's machine account) in a keytab of its own: ganesha accepts RPCSEC_GSS
+contexts with libgssapi_krb5 and that keytab alone (no gssproxy, no
+rpc.svcgssd, no KDC traffic of its own).
+
 Clients use the lab's own krb5.conf (KRB5_CONFIG) and credential caches in
 temporary files (KRB5CCNAME), made by `kinit` with a lifetime the test picks:
 the KDC's own settings (``kdc:user ticket lifetime``) count in whole hours.
