@@ -248,5 +248,20 @@ async def test_without_sec_the_servers_list_chooses(monkeypatch, offered, chosen
         return [None, offered]
 
     monkeypatch.setattr(client, "compound", compound)
-    await client._choose_security()
+    await client._choose_security(())
     assert (client.security and client.security.service) == chosen
+
+
+async def test_each_component_of_the_path_is_asked_for_on_the_way_down(monkeypatch):
+    client = Client(Settings(host="h"))
+    answers = {b"a": [(1, None, None)], b"b": [(6, gss.KRB5_OID, 3)]}
+    asked = []
+
+    async def compound(op_list, cred=None):
+        asked.append(([type(op).__name__ for op in op_list], cred))
+        return [None] * (len(op_list) - 1) + [answers[op_list[-1].name]]
+
+    monkeypatch.setattr(client, "compound", compound)
+    await client._choose_security((b"a", b"b"))
+    assert [names for names, _ in asked] == [["PutRootFH", "SecInfo"], ["PutRootFH", "Lookup", "SecInfo"]]
+    assert client.security.service == gss.SVC_PRIVACY

@@ -229,7 +229,7 @@ class NFSBackend(Backend):
         self.client = Client.shared(self.settings)
         where = "/" + "/".join(c.decode(errors="replace") for c in self.path)
         try:
-            await self.client.start()
+            await self.client.start(self.path)
             self.supported = self.client.supported_attrs  # ask for no others: some servers refuse them
             self.stat_attrs = attrs.STAT & self.supported
             try:
@@ -239,7 +239,10 @@ class NFSBackend(Backend):
             except NFSError as e:
                 if e.status in (errors.NOENT, errors.NOTDIR):
                     raise SourceError(f"{self.url}: no export or directory {where} on {self.settings.host}") from None
-                if e.status in (errors.ACCESS, errors.PERM, errors.WRONGSEC):
+                if e.status == errors.WRONGSEC:
+                    raise SourceError(f"{self.url}: the server takes another flavour for {where}: leave sec= out "
+                                      "to take its choice") from None
+                if e.status in (errors.ACCESS, errors.PERM):
                     raise SourceError(f"{self.url}: the server refuses us {where} ({e.strerror})") from None
                 raise
         except BaseException:

@@ -175,8 +175,9 @@ class Client:
 
     # -- start and stop ----------------------------------------------------------------
 
-    async def start(self):
-        """Connect, and set up client ID and session; OSError with a clear message if the server fails us."""
+    async def start(self, path=()):
+        """Connect, and set up client ID and session, choosing the flavour for ``path`` (see
+        _choose_security); OSError with a clear message if the server fails us."""
         async with self._starting:
             if self._started:
                 return
@@ -187,7 +188,7 @@ class Client:
             try:
                 async with self._lock:
                     await self._recover()
-                await self._choose_security()
+                await self._choose_security(path)
                 [_, values] = await self.compound([ops.PutRootFH(), ops.GetAttr(attrs.bits(
                     attrs.SUPPORTED_ATTRS, attrs.LEASE_TIME, attrs.MAXREAD, attrs.MAXWRITE))])
             except (rpc.ConnectionLost, rpc.RPCError, ProtocolError) as e:
@@ -205,22 +206,29 @@ class Client:
             self.spawn(self._renew)
             self._started = True
 
-    async def _choose_security(self):
-        """sec= as given, else the server's choice: AUTH_SYS where it takes it (as mount.nfs), else the first
-        Kerberos flavour it lists."""
-        sec = self.settings.sec
-        if sec is None:
+    async def _choose_security(self, path):
+        """sec= as given, else the server's choice for the mount's ``path`` (components from its root): AUTH_SYS
+        where it takes it (as mount.nfs), else the first Kerberos flavour it lists.  Each component on the way
+        down is asked for in turn (an export in the server's pseudo file system may take other flavours than
+        the directories above it, and refuse the others' LOOKUP with WRONGSEC)."""
+        if self.settings.sec is not None:
+            self._secure(self.settings.sec)
+            return
+        queries = [[*map(ops.Lookup, path[:i]), ops.SecInfo(path[i])] for i in range(len(path))]
+        for query in queries or [[ops.SecInfoNoName()]]:
             try:
-                [_, offered] = await self.compound([ops.PutRootFH(), ops.SecInfoNoName()])
+                *_, offered = await self.compound([ops.PutRootFH(), *query])
             except NFSError as e:
-                log.debug("SECINFO_NO_NAME on %s: %s; AUTH_SYS", self.settings.host, e)
+                log.debug("SECINFO on %s: %s; keeping what we have", self.settings.host, e)
                 return
             names = [gss.flavour_name(*flavour) for flavour in offered]
-            if "sys" in names or not any(names):
-                return
-            sec = next(name for name in names if name)
-            log.info("NFS server %s asks for sec=%s", self.settings.host, sec)
-        if sec != "sys":
+            self._secure("sys" if "sys" in names or not any(names) else next(name for name in names if name))
+
+    def _secure(self, sec):
+        if sec == "sys":
+            self.security = None
+        elif self.security is None or self.security.service != gss.SERVICES[sec]:
+            log.info("NFS server %s: sec=%s", self.settings.host, sec)
             self.security = gss.Security(sec, self.settings.host, self.settings.ccache, self.settings.keytab)
 
     def cred(self, caller=None):
