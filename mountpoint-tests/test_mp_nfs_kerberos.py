@@ -156,3 +156,18 @@ def test_a_context_whose_ticket_ended_is_set_up_again(lab, realm, tmp_path, monk
         assert (mnt / "f").read_bytes() == b"before"
     assert (backing / "g").read_bytes() == b"after"
     assert "RPCSEC_GSS context of uid 0 ended: setting up another" in log.read_text()
+
+
+def test_contexts_are_set_up_again_after_a_server_restart(lab, realm, tmp_path, monkeypatch):
+    """A restarted ganesha knows no context: it answers RPCSEC_GSS_CREDPROBLEM, and the client sets up
+    another and sends the request again."""
+    with_ticket(realm, tmp_path, monkeypatch)
+    url, backing = fresh_dir(lab)
+    log = tmp_path / "log"
+    with offloadfs_mount(url, options=["sec=krb5p", f"logfile={log}"]) as mnt:
+        (mnt / "f").write_bytes(b"before")
+        lab.server.restart()
+        (mnt / "g").write_bytes(b"after")
+        assert (mnt / "f").read_bytes() == b"before"
+    assert (backing / "g").read_bytes() == b"after"
+    assert "RPCSEC_GSS context of uid 0 gone (auth_stat 13): setting up another" in log.read_text()

@@ -292,7 +292,7 @@ class Security:
         async with lock:
             context = self.contexts.get(uid)
             if context is None or not context.usable:
-                if context is not None:
+                if context is not None and not context.dead:  # a dead one was logged as it died
                     log.info("RPCSEC_GSS context of uid %d ended: setting up another", uid)
                 creds = await trio.to_thread.run_sync(self.credentials, uid)
                 context = self.contexts[uid] = await establish(conn, self.service, self.target, creds)
