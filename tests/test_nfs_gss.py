@@ -161,6 +161,9 @@ class FakeConn:
         _, gss_proc, seq, service = u.u32(), u.u32(), u.u32(), u.u32()
         handle = u.opaque(64)
         self.calls.append((gss_proc, seq, handle))
+        if gss_proc == gss.DESTROY:
+            assert args == b""  # never wrapped
+            return Unpacker(b""), (6, self.mech.get_signature(struct.pack(">I", seq)))
         if gss_proc in (gss.INIT, gss.CONTINUE_INIT):
             res = xdr(("opaque", b"ctx%d" % len(self.calls)), ("u32", 0), ("u32", 0), ("u32", 8), ("opaque", b""))
             return Unpacker(res), (6, self.mech.get_signature(struct.pack(">I", 8)))
@@ -265,3 +268,12 @@ async def test_each_component_of_the_path_is_asked_for_on_the_way_down(monkeypat
     await client._choose_security((b"a", b"b"))
     assert [names for names, _ in asked] == [["PutRootFH", "SecInfo"], ["PutRootFH", "Lookup", "SecInfo"]]
     assert client.security.service == gss.SVC_PRIVACY
+
+
+async def test_unmount_destroys_the_contexts(monkeypatch):
+    conn = FakeConn(FakeMech(), gss.SVC_PRIVACY)
+    security = fake_security(monkeypatch, "krb5p")
+    await security.for_user(0).call(conn, 100003, 4, 1, b"a")
+    await security.destroy_all(conn)
+    assert conn.calls[-1] == (gss.DESTROY, 2, conn.calls[1][2])
+    assert security.contexts == {}

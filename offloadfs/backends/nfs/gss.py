@@ -209,6 +209,14 @@ class Context:
             return open_priv(seq, u, self._unwrap, conn.max_record)
         return u
 
+    async def destroy(self, conn):
+        """RPCSEC_GSS_DESTROY: the server may drop the context now rather than at its ticket's end.  Neither
+        the call nor the reply is wrapped (as the Linux client and server have it: RFC 2203 is unclear)."""
+        self.dead = True
+        async with self.window as seq:
+            await conn.call_verified(NFS_PROGRAM, NFS_V4, NFS_NULL, credential(DESTROY, seq, self.service, self.handle),
+                                     b"", self._mic)
+
 
 async def establish(conn, service, target, creds):
     """Set a context up for ``creds`` (gssapi.Credentials) with host-based service ``target`` (nfs@HOST)."""
@@ -297,6 +305,13 @@ class Security:
                 creds = await trio.to_thread.run_sync(self.credentials, uid)
                 context = self.contexts[uid] = await establish(conn, self.service, self.target, creds)
             return context
+
+    async def destroy_all(self, conn):
+        """Destroy every context that may still be in use (at unmount; best effort)."""
+        for context in list(self.contexts.values()):
+            if context.usable:
+                await context.destroy(conn)
+        self.contexts.clear()
 
     def for_user(self, uid):
         """The credential Connection.call takes for requests acting for ``uid``."""

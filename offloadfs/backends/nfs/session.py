@@ -270,6 +270,8 @@ class Client:
                         await self.delegations.return_all()
                         await self._solo(ops.DestroySession(self.sessionid))
                         await self._solo(ops.DestroyClientId(self.clientid))
+                        if self.security is not None:
+                            await self.security.destroy_all(self.conn)
                     except (OSError, rpc.ConnectionLost, rpc.RPCError, ProtocolError) as e:
                         log.debug("NFS session teardown: %s", e)
             await self._shutdown()
