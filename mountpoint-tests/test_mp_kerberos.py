@@ -9,7 +9,6 @@ fail is one line of what to do.
 import importlib.util
 import os
 import pwd
-import random
 import shutil
 import subprocess
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from mpkit import MiB, sh, sha256, write_file
-from test_mp_random_data import NAMES, Run
+from test_mp_random_data import random_run
 
 from offloadfs.lab.addc import addc_lab
 from offloadfs.lab.mount import offloadfs_cli, offloadfs_mount, status
@@ -113,20 +112,8 @@ def test_cp_in_a_share_is_still_the_servers(realm, tmp_path, monkeypatch, kind, 
 def test_sealed_data_stays_whole(realm, tmp_path, monkeypatch):
     with_ticket(realm, tmp_path, monkeypatch)
     url, backing = fresh_dir(realm, "btrfs")
-    seed = int(os.environ.get("OFFLOADFS_RANDOM_DATA_SEED", random.randrange(1 << 32)))
-    print(f"random data seed {seed} (replay with OFFLOADFS_RANDOM_DATA_SEED={seed})")
     with offloadfs_mount(url, options=["sec=krb5", "seal"]) as mnt:
-        run = Run(mnt, seed)
-        try:
-            run.open()
-            while run.step < int(os.environ.get("OFFLOADFS_RANDOM_DATA_STEPS", 3000)):
-                run.one()
-        finally:
-            run.close()
-        for name in NAMES:
-            model = bytes(run.model[name])
-            assert (mnt / name).read_bytes() == model, f"{name} through a fresh open: seed {seed}"
-            assert (backing / name).read_bytes() == model, f"{name} on the server: seed {seed}"
+        random_run(mnt, backing, 3000)
 
 
 def test_a_keytab_needs_no_cache(realm, tmp_path, monkeypatch):

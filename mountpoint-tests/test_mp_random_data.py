@@ -306,13 +306,14 @@ CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("where,options", CONFIGS, ids=["-".join((w, *o)) for w, o in CONFIGS])
-def test_random_data(where, options, mount_on):
+def random_run(path, backing, steps):
+    """The random data test in mounted directory ``path`` for ``steps`` steps (unless
+    OFFLOADFS_RANDOM_DATA_STEPS says otherwise); then every file must match the model, through a fresh
+    open and in ``backing``, the same files seen without the mount."""
     seed = int(os.environ.get("OFFLOADFS_RANDOM_DATA_SEED", random.randrange(1 << 32)))
-    steps = int(os.environ.get("OFFLOADFS_RANDOM_DATA_STEPS", STEPS[where.split("-")[0]]))
+    steps = int(os.environ.get("OFFLOADFS_RANDOM_DATA_STEPS", steps))
     print(f"random data seed {seed} (replay with OFFLOADFS_RANDOM_DATA_SEED={seed})")
-    mnt = mount_on(where, options)
-    run = Run(mnt.path, seed)
+    run = Run(path, seed)
     try:
         run.open()
         while run.step < steps:
@@ -324,5 +325,11 @@ def test_random_data(where, options, mount_on):
     print(f"fallocate modes refused (EOPNOTSUPP): {dict(run.refused)}")
     for name in NAMES:
         model = bytes(run.model[name])
-        assert (mnt.path / name).read_bytes() == model, f"{name} through a fresh open: seed {seed}"
-        assert (mnt.backing / name).read_bytes() == model, f"{name} in the backing view: seed {seed}"
+        assert (path / name).read_bytes() == model, f"{name} through a fresh open: seed {seed}"
+        assert (backing / name).read_bytes() == model, f"{name} in the backing view: seed {seed}"
+
+
+@pytest.mark.parametrize("where,options", CONFIGS, ids=["-".join((w, *o)) for w, o in CONFIGS])
+def test_random_data(where, options, mount_on):
+    mnt = mount_on(where, options)
+    random_run(mnt.path, mnt.backing, STEPS[where.split("-")[0]])

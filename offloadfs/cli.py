@@ -288,6 +288,8 @@ MOUNT_OPTIONS = [
     ("SMB: dir_cache_timeout=SECONDS", "keep a listing under a directory lease (0: off, the default)"),
     ("SMB: posix, noposix", "SMB 3.1.1 POSIX extensions: require them / never ask (default: where offered)"),
     ("NFS: soft, hard, timeo=, retrans=, rsize=, wsize=, minorversion=", "as in nfs(5)"),
+    ("NFS: sec=sys|krb5|krb5i|krb5p, cruid=UID, keytab=FILE",
+     "AUTH_SYS or RPCSEC_GSS Kerberos (default: the server's choice, sys where offered)"),
     ("defaults, noauto, nofail, x-*, ...", "accepted and ignored, for fstab"),
     ("_netdev", "for fstab and units: tells systemd a smb:// or nfs:// mount needs the network"),
 ]

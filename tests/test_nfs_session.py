@@ -171,6 +171,9 @@ class FakeServer:
             u.u32()
         elif num == ops.OP_PUTROOTFH:
             pass
+        elif num == ops.OP_SECINFO_NO_NAME:
+            u.u32()
+            p.u32(1), p.u32(rpc.AUTH_SYS_FLAVOR)
         elif num == ops.OP_GETATTR:
             mask = u.bitmap()
             if mask == PROBE:

@@ -25,6 +25,31 @@ def test_options():
     assert (settings.rsize, settings.wsize, settings.minorversion) == (65536, 131072, 1)
 
 
+def test_security_options(tmp_path):
+    keytab = tmp_path / "kt"
+    keytab.write_bytes(b"")
+    settings, _ = url.parse("nfs://h/x", {}, environ={})
+    assert (settings.sec, settings.ccache, settings.keytab) == (None, None, None)  # SECINFO_NO_NAME decides
+    settings, _ = url.parse("nfs://h/x", {"sec": "krb5p"}, environ={"KRB5CCNAME": "/tmp/cc"})
+    assert (settings.sec, settings.ccache) == ("krb5p", "FILE:/tmp/cc")
+    settings, _ = url.parse("nfs://h/x", {"sec": "krb5i", "cruid": "0"}, environ={"KRB5CCNAME": "/tmp/cc"})
+    assert settings.ccache == "FILE:/tmp/krb5cc_0"
+    settings, _ = url.parse("nfs://h/x", {"sec": "krb5", "keytab": str(keytab)}, environ={})
+    assert (settings.keytab, settings.ccache) == (str(keytab), None)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"sec": "krb5x"}, "sec= takes one of sys, krb5, krb5i, krb5p"),
+    ({"sec": True}, "sec= takes one of"),
+    ({"sec": "sys", "cruid": "0"}, "for Kerberos, not sec=sys"),
+    ({"keytab": "/nonexistent", "sec": "krb5"}, "not readable"),
+    ({"keytab": "/etc/hostname", "cruid": "0"}, "give one"),
+])
+def test_bad_security_options(options, message):
+    with pytest.raises(ValueError, match=message):
+        url.parse("nfs://h/x", options, environ={})
+
+
 @pytest.mark.parametrize("source, options, message", [
     ("nfs:///export", {}, "no server"),
     ("nfs://user@h/export", {}, "no user name"),

@@ -4,6 +4,7 @@ import os
 import pytest
 import spnego
 
+from offloadfs.backends import kerberos
 from offloadfs.backends.smb import auth
 from offloadfs.backends.smb.url import parse
 
@@ -100,5 +101,5 @@ def test_keytab_needs_a_user_and_no_cruid(keytab):
     ("something else entirely", None),
 ])
 def test_one_line_per_failure(text, line):
-    got = auth.failure(Exception(f"Failed to authenticate with server: SpnegoError: {text}"))
+    got = kerberos.failure(Exception(f"Failed to authenticate with server: SpnegoError: {text}"))
     assert got == line if line is None else line in got

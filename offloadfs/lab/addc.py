@@ -11,6 +11,12 @@ smb.conf of its own.  The server's address changes per namespace and the
 client asks for a ticket to cifs/ADDRESS (the host as given in the URL), so
 each DC adds that name to its machine account at start.
 
+For the NFS Kerberos tests, nfs_kerberos_lab() puts an nfs-ganesha beside
+the DC in its namespace, with the keys of nfs/ADDRESS (a second name of the
+DC's machine account) in a keytab of its own: ganesha accepts RPCSEC_GSS
+contexts with libgssapi_krb5 and that keytab alone (no gssproxy, no
+rpc.svcgssd, no KDC traffic of its own).
+
 Clients use the lab's own krb5.conf (KRB5_CONFIG) and credential caches in
 temporary files (KRB5CCNAME), made by `kinit` with a lifetime the test picks:
 the KDC's own settings (``kdc:user ticket lifetime``) count in whole hours.
@@ -136,6 +142,7 @@ class DomainController(SambaServer):
         self.stale_principal = f"{STALE_USER}@{REALM}"
         self.alias = None  # a second address of the server, with no cifs/ service principal
         self.krb5_conf = workdir / "krb5.conf"
+        self.nfs_keytab = workdir / "nfs.keytab"  # nfs/ADDRESS's keys, made by domain_controller(nfs=True)
 
     def command(self):
         return ["samba", "--foreground", "--no-process-group", "--model=single", "-s", str(self.conf)]
@@ -189,9 +196,10 @@ def add_alias(net):
 
 
 @contextlib.contextmanager
-def domain_controller(shares, net):
+def domain_controller(shares, net, nfs=False):
     """Yield a running DomainController in lab Namespace ``net`` exporting shares {name: (path, kind)};
-    waits for one that another run holds to stop (see ONE_AT_A_TIME)."""
+    waits for one that another run holds to stop (see ONE_AT_A_TIME).  With ``nfs`` the machine account
+    also gets nfs/ADDRESS, whose keys go to ``nfs_keytab`` for an NFS server beside the DC."""
     shares = {name: Share(name, Path(path), kind) for name, (path, kind) in shares.items()}
     tree = provisioned()
     with open(ONE_AT_A_TIME, "w") as lock, tempfile.TemporaryDirectory(prefix="offloadfs-addc-") as tmp:
@@ -203,6 +211,11 @@ def domain_controller(shares, net):
         run("samba-tool", "spn", "add", f"cifs/{net.server_addr}", f"{DC_NAME.upper()}$",
             f"--configfile={workdir / 'smb.conf'}")
         server = DomainController(shares, net.server_addr, net, workdir)
+        if nfs:
+            nfs_principal = f"nfs/{net.server_addr}"
+            run("samba-tool", "spn", "add", nfs_principal, f"{DC_NAME.upper()}$", f"--configfile={workdir / 'smb.conf'}")
+            run("samba-tool", "domain", "exportkeytab", str(server.nfs_keytab), f"--principal={nfs_principal}",
+                f"--configfile={workdir / 'smb.conf'}")
         server.alias = alias
         with server.running():
             yield server
@@ -219,3 +232,19 @@ def addc_lab(kinds=("btrfs", "xfs"), rate=None):
             (root / "share").mkdir()
             shares[kind] = (root / "share", kind)
         yield Lab([stack.enter_context(domain_controller(shares, net))])
+
+
+@contextlib.contextmanager
+def nfs_kerberos_lab(rate=None, sectypes=("sys", "krb5", "krb5i", "krb5p")):
+    """Yield a Lab of one nfs-ganesha taking Kerberos from a DC of the realm in the same namespace, exporting
+    a directory on a fresh xfs loop filesystem with flavours ``sectypes``; ``lab.realm`` is the DC."""
+    from offloadfs.lab.ganesha import ganesha_server  # the SMB-only labs need no ganesha
+
+    with contextlib.ExitStack() as stack:
+        net = stack.enter_context(server_namespace(rate))
+        root = stack.enter_context(loop_filesystem("xfs"))
+        (root / "export").mkdir()
+        dc = stack.enter_context(domain_controller({}, net, nfs=True))
+        lab = Lab([stack.enter_context(ganesha_server(root / "export", net, realm=dc, sectypes=sectypes))])
+        lab.realm = dc
+        yield lab

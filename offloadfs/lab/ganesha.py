@@ -31,6 +31,19 @@ PORT = 2049
 EXPORT = "/export"
 DOMAIN = "localdomain"
 STOP_TIMEOUT = 5
+# Otherwise every start looks for a keytab and logs its absence.
+NO_KRB5 = "NFS_KRB5 {\n    Active_krb5 = false;\n}"
+# The acceptor's name as a host-based service: nfs@ADDRESS is nfs/ADDRESS in the keytab (the lab's
+# krb5.conf turns off canonicalisation).
+KRB5 = """\
+NFS_KRB5 {{
+    Active_krb5 = true;
+    KeytabPath = {keytab};
+    PrincipalName = "nfs@{host}";
+}}"""
+# Principals become local users through libnfsidmap's static table, as idmapd.conf gives it.
+IDMAP = "[General]\nDomain = {domain}\n"
+IDMAP_KRB5 = "[Translation]\nGSS-Methods = static\n[Static]\n{principal} = root\n"
 NFS_PROGRAM = 100003
 
 CONFIG = """\
@@ -51,10 +64,7 @@ NFSV4 {{
     # libnfsidmap would use otherwise: tests rewrite those names in replies.
     IdmapConf = {dir}/idmapd.conf;
 }}
-# Otherwise every start looks for a keytab and logs its absence.
-NFS_KRB5 {{
-    Active_krb5 = false;
-}}
+{krb5}
 EXPORT {{
     Export_Id = 1;
     Path = {path};
@@ -63,6 +73,7 @@ EXPORT {{
     Squash = {squash};
     Protocols = 4;
     Transports = TCP;
+    SecType = {sectype};
     # Tests change files behind the server's back; never serve stale attributes.
     Attr_Expiration_Time = 0;
     FSAL {{
@@ -140,26 +151,36 @@ class GaneshaServer(ServerProcess):
 
 
 @contextlib.contextmanager
-def ganesha_server(path, net=None, port=PORT, root_squash=False, grace=None):
+def ganesha_server(path, net=None, port=PORT, root_squash=False, grace=None, realm=None, sectypes=("sys",)):
     """Yield a running GaneshaServer exporting directory `path` as /export.
 
     With a lab Namespace `net` ganesha runs inside it and binds its server
     address; without, it binds 127.0.0.1. With `root_squash` root's requests
     become nobody's, as on most real exports. Without `grace` (seconds) a
     restarted server has no grace period: clients cannot reclaim, nor wait.
+    With `realm` (an addc.DomainController made with nfs=True, in the same
+    namespace) ganesha takes Kerberos with its nfs/ keys, and the realm's user
+    is root on the export; `sectypes` are the flavours the export takes.
     The process is gone on exit.
     """
     host = net.server_addr if net else "127.0.0.1"
     with tempfile.TemporaryDirectory(prefix="offloadfs-ganesha-") as tmp:
         workdir = Path(tmp)
         (workdir / "recovery").mkdir()
-        (workdir / "idmapd.conf").write_text(f"[General]\nDomain = {DOMAIN}\n")
+        idmap = IDMAP.format(domain=DOMAIN)
+        krb5 = NO_KRB5
+        if realm is not None:
+            idmap += IDMAP_KRB5.format(principal=realm.principal)
+            krb5 = KRB5.format(keytab=realm.nfs_keytab, host=host)
+        (workdir / "idmapd.conf").write_text(idmap)
         (workdir / "ganesha.conf").write_text(CONFIG.format(
-            host=host, port=port, dir=workdir, path=path, export=EXPORT,
+            host=host, port=port, dir=workdir, path=path, export=EXPORT, krb5=krb5, sectype=", ".join(sectypes),
             squash="Root_Squash" if root_squash else "No_Root_Squash",
             grace="Graceless = true;" if grace is None else
                   f"Graceless = false; Grace_Period = {grace}; Lease_Lifetime = {grace};"))
         server = GaneshaServer(Path(path), host, port, net, workdir)
+        if realm is not None:
+            server.env = {**os.environ, "KRB5_CONFIG": str(realm.krb5_conf)}
         with server.running():
             yield server
 

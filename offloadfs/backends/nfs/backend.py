@@ -17,6 +17,9 @@ Requests go with the AUTH_SYS credential of the user they act for (CALLER:
 the requester, or for an open file whoever opened it), so the server makes
 new files theirs and checks their permissions, and a root-squashing export
 lets users reach their own files.  Keeping the session alive goes as root.
+Under sec=krb5, krb5i or krb5p the same requests go with that user's RPCSEC_GSS
+context instead (gss.py): root's from the mount's credentials, anyone else's
+from their own ticket cache.
 """
 import collections
 import errno
@@ -30,7 +33,7 @@ import trio
 from .. import SourceError
 from ..base import CALLER, Backend, DirItem, FsStat, NotSupported, Stat, user_xattr
 from ..parallel import copy_spans, together
-from . import attrs, errors, ops, rpc, url
+from . import attrs, errors, ops, url
 from .errors import NFSError
 from .session import Client
 
@@ -126,7 +129,7 @@ class NFSBackend(Backend):
 
     async def _call(self, op_list, **kw):
         self.requests.update(type(op).__name__.upper() for op in op_list if not isinstance(op, ops.PutFH))
-        return await self.client.compound(op_list, cred=rpc.caller_cred(CALLER.get()), **kw)
+        return await self.client.compound(op_list, cred=self.client.cred(CALLER.get()), **kw)
 
     def _stat(self, v):
         rawdev = v.get(attrs.RAWDEV, (0, 0))
@@ -227,7 +230,7 @@ class NFSBackend(Backend):
         self.client = Client.shared(self.settings)
         where = "/" + "/".join(c.decode(errors="replace") for c in self.path)
         try:
-            await self.client.start()
+            await self.client.start(self.path)
             self.supported = self.client.supported_attrs  # ask for no others: some servers refuse them
             self.stat_attrs = attrs.STAT & self.supported
             try:
@@ -237,7 +240,10 @@ class NFSBackend(Backend):
             except NFSError as e:
                 if e.status in (errors.NOENT, errors.NOTDIR):
                     raise SourceError(f"{self.url}: no export or directory {where} on {self.settings.host}") from None
-                if e.status in (errors.ACCESS, errors.PERM, errors.WRONGSEC):
+                if e.status == errors.WRONGSEC:
+                    raise SourceError(f"{self.url}: the server takes another flavour for {where}: leave sec= out "
+                                      "to take its choice") from None
+                if e.status in (errors.ACCESS, errors.PERM):
                     raise SourceError(f"{self.url}: the server refuses us {where} ({e.strerror})") from None
                 raise
         except BaseException:

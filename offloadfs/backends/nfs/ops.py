@@ -27,6 +27,9 @@ OP_RESTOREFH, OP_SAVEFH, OP_SETATTR, OP_WRITE = 31, 32, 34, 38
 OP_BIND_CONN_TO_SESSION, OP_EXCHANGE_ID, OP_CREATE_SESSION, OP_DESTROY_SESSION = 41, 42, 43, 44
 OP_FREE_STATEID = 45
 OP_SEQUENCE, OP_DESTROY_CLIENTID, OP_RECLAIM_COMPLETE = 53, 57, 58
+OP_SECINFO, OP_SECINFO_NO_NAME = 33, 52
+SECINFO_STYLE4_CURRENT_FH = 0
+RPCSEC_GSS = 6
 OP_ALLOCATE, OP_COPY, OP_COPY_NOTIFY, OP_DEALLOCATE = 59, 60, 61, 62
 OP_OFFLOAD_CANCEL, OP_OFFLOAD_STATUS, OP_READ_PLUS, OP_SEEK, OP_CLONE = 66, 67, 68, 69, 71
 OP_GETXATTR, OP_SETXATTR, OP_LISTXATTRS, OP_REMOVEXATTR = 72, 73, 74, 75  # RFC 8276
@@ -848,6 +851,40 @@ class ReclaimComplete(Op):
 
     def encode(self, p):
         p.bool(False)
+
+
+class _SecInfoOp(Op):
+    def decode(self, u):
+        """[(flavor, mechanism OID, service)], best first; OID and service for RPCSEC_GSS only."""
+        flavours = []
+        for _ in range(u.count(64, 4, "secinfo")):
+            flavor = u.u32()
+            if flavor == RPCSEC_GSS:
+                oid = u.opaque(64, "sec_oid4")
+                u.u32()  # qop
+                flavours.append((flavor, oid, u.u32()))
+            else:
+                flavours.append((flavor, None, None))
+        return flavours
+
+
+@dataclass
+class SecInfo(_SecInfoOp):
+    """The flavours the server takes for ``name`` in the current directory (it consumes the filehandle)."""
+    name: bytes
+    num = OP_SECINFO
+
+    def encode(self, p):
+        p.opaque(self.name)
+
+
+@dataclass
+class SecInfoNoName(_SecInfoOp):
+    """The flavours the server takes for the current filehandle."""
+    num = OP_SECINFO_NO_NAME
+
+    def encode(self, p):
+        p.u32(SECINFO_STYLE4_CURRENT_FH)
 
 
 @dataclass

@@ -39,6 +39,14 @@ class RPCError(Exception):
     """The server refused the call at the RPC level (no such program, bad credentials...)."""
 
 
+class AuthError(RPCError):
+    """The server refused the call's credentials; ``stat`` is the auth_stat (RFC 5531, RFC 2203)."""
+
+    def __init__(self, stat):
+        super().__init__(f"credentials refused (auth_stat {stat})")
+        self.stat = stat
+
+
 def auth_sys(uid, gid, gids=(), machine=b"offloadfs"):
     """An AUTH_SYS credential (flavor, body)."""
     p = Packer()
@@ -64,17 +72,18 @@ def _auth(u):
 
 
 def parse_reply(u):
-    """Check an accepted, successful reply header (after xid and msg_type); the results follow in ``u``."""
+    """Check an accepted, successful reply header (after xid and msg_type); the server's verifier
+    (flavor, body). The results follow in ``u``."""
     stat = u.enum((MSG_ACCEPTED, MSG_DENIED), "reply_stat")
     if stat == MSG_DENIED:
         why = u.enum((RPC_MISMATCH, AUTH_ERROR), "reject_stat")
         if why == RPC_MISMATCH:
             raise RPCError(f"RPC version mismatch (server takes {u.u32()}-{u.u32()})")
-        raise RPCError(f"credentials refused (auth_stat {u.u32()})")
-    _auth(u)  # the server's verifier: AUTH_NONE or AUTH_SYS, nothing to check
+        raise AuthError(u.u32())
+    verifier = _auth(u)  # AUTH_NONE or AUTH_SYS: nothing to check; RPCSEC_GSS: gss.py checks it
     accept = u.u32()
     if accept == SUCCESS:
-        return
+        return verifier
     if accept == PROG_MISMATCH:
         raise RPCError(f"program version not served (server takes {u.u32()}-{u.u32()})")
     names = {PROG_UNAVAIL: "program not served", PROC_UNAVAIL: "procedure not served",
@@ -83,11 +92,12 @@ def parse_reply(u):
 
 
 class _Pending:
-    __slots__ = ("event", "body", "error")
+    __slots__ = ("event", "body", "verifier", "error")
 
     def __init__(self):
         self.event = trio.Event()
         self.body = None
+        self.verifier = None
         self.error = None
 
 
@@ -134,14 +144,29 @@ class Connection:
                     raise ConnectionLost(self.closed)
 
     async def call(self, prog, vers, proc, cred, args):
-        """Send a call; its results (after the accepted-SUCCESS header) as an Unpacker."""
+        """Send a call; its results (after the accepted-SUCCESS header) as an Unpacker.
+
+        ``cred``: (flavor, body), or an object whose ``call`` does the same under RPCSEC_GSS
+        (gss.UserCredential)."""
+        if not isinstance(cred, tuple):
+            return await cred.call(self, prog, vers, proc, args)
+        return (await self.call_verified(prog, vers, proc, cred, args))[0]
+
+    async def call_verified(self, prog, vers, proc, cred, args, sign=None):
+        """As call, with ``sign(header)`` making the verifier from the header bytes (AUTH_NONE without);
+        (results, the reply's verifier as (flavor, body))."""
         xid = next(self._xids) & 0xFFFFFFFF
         p = Packer()
         for v in (xid, CALL, 2, prog, vers, proc, cred[0]):
             p.u32(v)
         p.opaque(cred[1])
-        p.u32(AUTH_NONE_FLAVOR)
-        p.u32(0)
+        if sign is None:
+            p.u32(AUTH_NONE_FLAVOR)
+            p.u32(0)
+        else:
+            mic = sign(p.bytes())  # over the header up to and including the credential
+            p.u32(cred[0])
+            p.opaque(mic)
         p.buf += args
         waiter = self.pending[xid] = _Pending()
         try:
@@ -151,7 +176,7 @@ class Connection:
             self.pending.pop(xid, None)
         if waiter.error is not None:
             raise waiter.error
-        return waiter.body
+        return waiter.body, waiter.verifier
 
     # -- receiving -------------------------------------------------------------------
 
@@ -211,7 +236,7 @@ class Connection:
             if waiter is None:
                 return  # the caller gave up (cancelled or timed out)
             try:
-                parse_reply(u)
+                waiter.verifier = parse_reply(u)
                 waiter.body = u
             except (ProtocolError, RPCError) as e:
                 waiter.error = e

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import trio
 
-from . import attrs, compound, errors, ops, rpc
+from . import attrs, compound, errors, gss, ops, rpc
 from .delegations import SEQ4_STATUS_REVOKED, Delegations
 from .errors import NFSError
 from .xdr import ProtocolError
@@ -66,6 +66,9 @@ class Settings:
     rsize: int = 1 << 20
     wsize: int = 1 << 20
     connect_timeout: float = 15.0
+    sec: str = None  # sys, krb5, krb5i, krb5p; None: what SECINFO_NO_NAME offers (sys if it is offered)
+    ccache: str = None  # Kerberos: root's credential cache (None: the library's default), or
+    keytab: str = None  # its keytab
 
 
 class _Again(Exception):
@@ -138,6 +141,7 @@ class Client:
         self.lease = 90
         self.rsize, self.wsize = settings.rsize, settings.wsize  # ours until the server's are known
         self.supported_attrs = 0  # some servers refuse a GETATTR that names attributes they lack
+        self.security = None  # gss.Security under sec=krb5*, else requests go with AUTH_SYS
         self.renewed = 0.0
         self.unsupported = set()  # NFSv4.2 operations this server answered NOTSUPP
         self.async_copies = True  # asynchronous COPY, while CB_OFFLOAD reaches us
@@ -171,8 +175,9 @@ class Client:
 
     # -- start and stop ----------------------------------------------------------------
 
-    async def start(self):
-        """Connect, and set up client ID and session; OSError with a clear message if the server fails us."""
+    async def start(self, path=()):
+        """Connect, and set up client ID and session, choosing the flavour for ``path`` (see
+        _choose_security); OSError with a clear message if the server fails us."""
         async with self._starting:
             if self._started:
                 return
@@ -183,6 +188,7 @@ class Client:
             try:
                 async with self._lock:
                     await self._recover()
+                await self._choose_security(path)
                 [_, values] = await self.compound([ops.PutRootFH(), ops.GetAttr(attrs.bits(
                     attrs.SUPPORTED_ATTRS, attrs.LEASE_TIME, attrs.MAXREAD, attrs.MAXWRITE))])
             except (rpc.ConnectionLost, rpc.RPCError, ProtocolError) as e:
@@ -199,6 +205,38 @@ class Client:
             self.renewed = trio.current_time()
             self.spawn(self._renew)
             self._started = True
+
+    async def _choose_security(self, path):
+        """sec= as given, else the server's choice for the mount's ``path`` (components from its root): AUTH_SYS
+        where it takes it (as mount.nfs), else the first Kerberos flavour it lists.  Each component on the way
+        down is asked for in turn (an export in the server's pseudo file system may take other flavours than
+        the directories above it, and refuse the others' LOOKUP with WRONGSEC)."""
+        if self.settings.sec is not None:
+            self._secure(self.settings.sec)
+            return
+        queries = [[*map(ops.Lookup, path[:i]), ops.SecInfo(path[i])] for i in range(len(path))]
+        for query in queries or [[ops.SecInfoNoName()]]:
+            try:
+                *_, offered = await self.compound([ops.PutRootFH(), *query])
+            except NFSError as e:
+                log.debug("SECINFO on %s: %s; keeping what we have", self.settings.host, e)
+                return
+            names = [gss.flavour_name(*flavour) for flavour in offered]
+            self._secure("sys" if "sys" in names or not any(names) else next(name for name in names if name))
+
+    def _secure(self, sec):
+        if sec == "sys":
+            self.security = None
+        elif self.security is None or self.security.service != gss.SERVICES[sec]:
+            log.info("NFS server %s: sec=%s", self.settings.host, sec)
+            self.security = gss.Security(sec, self.settings.host, self.settings.ccache, self.settings.keytab)
+
+    def cred(self, caller=None):
+        """The credential of a request acting for ``caller`` (a backends.base.Caller), or for the client
+        itself (None: root)."""
+        if self.security is not None:
+            return self.security.for_user(0 if caller is None else caller.uid)
+        return ROOT_CRED if caller is None else rpc.caller_cred(caller)
 
     def spawn(self, fn, *args):
         """Run ``fn(*args)`` in the background; a failure is logged, never allowed to take the client down."""
@@ -232,6 +270,8 @@ class Client:
                         await self.delegations.return_all()
                         await self._solo(ops.DestroySession(self.sessionid))
                         await self._solo(ops.DestroyClientId(self.clientid))
+                        if self.security is not None:
+                            await self.security.destroy_all(self.conn)
                     except (OSError, rpc.ConnectionLost, rpc.RPCError, ProtocolError) as e:
                         log.debug("NFS session teardown: %s", e)
             await self._shutdown()
@@ -350,7 +390,7 @@ class Client:
             try:
                 [_, opened] = await self._sequenced(
                     [ops.PutFH(file.node.fh), ops.Open(file.access, file.owner, 0, reclaim=True)],
-                    cred=rpc.caller_cred(file.caller))
+                    cred=self.cred(file.caller))
             except NFSError as e:
                 log.info("NFS server %s did not give an open file back (%s)", self.settings.host, e.strerror)
                 if e.status == errors.NO_GRACE:
@@ -408,12 +448,14 @@ class Client:
 
     # -- compounds --------------------------------------------------------------------------
 
-    async def compound(self, op_list, cred=ROOT_CRED, cache=False, retry_delay=True):
+    async def compound(self, op_list, cred=None, cache=False, retry_delay=True):
         """Run SEQUENCE + ``op_list``; the results of ``op_list``, or NFSError for the first that failed.
 
         ``cache``: ask the server to keep the reply for a resend (for what must not run twice).
         ``retry_delay``: wait and resend on NFS4ERR_DELAY (else it is raised).
+        ``cred``: as cred() gives (None: the client's own).
         """
+        cred = cred or self.cred()
         if not self.settings.soft:
             return await self._retrying(op_list, cred, cache, retry_delay)
         limit = self.settings.timeo * (self.settings.retrans + 1)
@@ -453,8 +495,9 @@ class Client:
             if held is not None:
                 held[0].release(held[1])
 
-    async def _sequenced(self, op_list, cred=ROOT_CRED, cache=False, retry_delay=True):
+    async def _sequenced(self, op_list, cred=None, cache=False, retry_delay=True):
         """One try on one slot; _Again when the compound must be resent."""
+        cred = cred or self.cred()
         conn, table, sessionid = self.conn, self.table, self.sessionid
         slot = await table.acquire()
         try:

@@ -14,36 +14,17 @@ with STATUS_NETWORK_SESSION_EXPIRED, unprocessed.  reauthenticate() sets the
 same session up again with a fresh ticket (MS-SMB2 3.2.4.2.3, re-authentication),
 keeping its keys, handles and leases, so that the requests are just sent again.
 
-pyspnego and GSSAPI say what went wrong in a paragraph of major and minor
-codes; failure() makes one line of it that tells the user what to do.
+backends/kerberos.py makes one line of each way logging on fails.
 """
-import importlib.util
 import os
-import pwd
-import re
 
 import spnego
 from smbprotocol.exceptions import MoreProcessingRequired
 from smbprotocol.session import SMB2SessionSetupRequest, SMB2SessionSetupResponse
 
+from .. import kerberos
+
 SECURITY = {"krb5": "krb5", "krb5i": "krb5", "ntlmssp": "ntlmssp", "ntlmsspi": "ntlmssp"}
-
-NO_TICKET = "no Kerberos ticket: run kinit (or give keytab= or cruid=)"
-# Substrings of MIT Kerberos messages, and the line each failure gets.
-FAILURES = (
-    ("No Kerberos credentials available", NO_TICKET),
-    ("No credentials cache found", NO_TICKET),
-    ("Ticket expired", "the Kerberos ticket has expired: run kinit again"),
-    ("Clock skew too great", "clock skew too great between this machine and the KDC: set the clock (NTP)"),
-    ("not found in Kerberos database", "the server's name is unknown to the KDC: give the server by the name "
-                                       "its cifs/ service principal has"),
-    ("No key table entry found", "the keytab holds no key for that principal"),
-    ("Key table file", "the keytab cannot be read"),
-    ("Preauthentication failed", "the KDC refused the key or password (wrong keytab or password)"),
-    ("Cannot find KDC", "no KDC known for the realm: check krb5.conf (KRB5_CONFIG)"),
-    ("Cannot contact any KDC", "no KDC of the realm answers"),
-)
-
 
 def choose(options, user, domain, password, environ):
     """(sec, credential cache, keytab) from the mount options; ValueError says what does not fit."""
@@ -56,8 +37,8 @@ def choose(options, user, domain, password, environ):
     if keytab is True:
         raise ValueError("keytab= needs a value")
     if not sec:
-        kerberos = keytab or "cruid" in options or (password is None and "KRB5CCNAME" in environ)
-        sec = "krb5" if kerberos else "ntlmssp"
+        wants_kerberos = keytab or "cruid" in options or (password is None and "KRB5CCNAME" in environ)
+        sec = "krb5" if wants_kerberos else "ntlmssp"
     sec = SECURITY[sec]
     if sec == "ntlmssp":
         if keytab or "cruid" in options:
@@ -66,8 +47,8 @@ def choose(options, user, domain, password, environ):
             raise ValueError("no password: give -o credentials=FILE or set PASSWD in the environment "
                              "(or log on with Kerberos: -o sec=krb5)")
         return sec, None, None
-    if importlib.util.find_spec("gssapi") is None or importlib.util.find_spec("krb5") is None:
-        raise ValueError("Kerberos needs the Python packages gssapi and krb5: pip install 'offloadfs[kerberos]'")
+    if not kerberos.available():
+        raise ValueError(kerberos.PACKAGES)
     if keytab and "cruid" in options:
         raise ValueError("keytab= and cruid= both name credentials: give one")
     if keytab:
@@ -75,25 +56,9 @@ def choose(options, user, domain, password, environ):
             raise ValueError(f"keytab={keytab}: not readable")
         return sec, None, os.path.abspath(keytab)
     if "cruid" in options:
-        return sec, cache_of(options["cruid"]), None
+        return sec, kerberos.cache_of(options["cruid"]), None
     name = environ.get("KRB5CCNAME")
-    return sec, (_typed(name) if name else None), None
-
-
-def cache_of(cruid):
-    """The credential cache of user ``cruid`` (a uid or a name): MIT's default file for that uid."""
-    if cruid is True or not cruid:
-        raise ValueError("cruid= needs a uid or a user name")
-    try:
-        uid = int(cruid) if cruid.isdigit() else pwd.getpwnam(cruid).pw_uid
-    except KeyError:
-        raise ValueError(f"cruid={cruid}: no such user") from None
-    return f"FILE:/tmp/krb5cc_{uid}"
-
-
-def _typed(name):
-    """A cache name as pyspnego wants it, TYPE:residual; a bare path is a FILE cache."""
-    return name if re.match(r"^[A-Z_]+:", name) else f"FILE:{name}"
+    return sec, (kerberos.typed(name) if name else None), None
 
 
 def principal(target):
@@ -121,15 +86,6 @@ def who(target):
     if target.sec == "ntlmssp":
         return f"{target.domain}\\{target.username}" if target.domain else target.username
     return principal(target) or f"the principal of {target.ccache or 'the default credential cache'}"
-
-
-def failure(e):
-    """One line for a failed Kerberos logon ``e`` (pyspnego's error, or smbprotocol's around it), or None."""
-    text = str(e)
-    for needle, line in FAILURES:
-        if needle in text:
-            return line
-    return None
 
 
 def reauthenticate(conn, session, target, hostname):

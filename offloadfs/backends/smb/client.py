@@ -39,6 +39,7 @@ from smbprotocol.exceptions import SMBException, SMBResponseException
 from smbprotocol.session import Session
 from smbprotocol.tree import TreeConnect
 
+from .. import kerberos
 from . import auth, errors, leases
 from .connection import CONNECT_TIMEOUT, MIN_IO_SIZE, GuardedConnection, LeanSend, describe
 from .errors import ConnectionLost, status_error
@@ -246,7 +247,7 @@ class Client:
 
     def _logon_failed(self, e):
         """The ConnectionLost for a failed logon: Kerberos failures in one line of what to do."""
-        line = auth.failure(e) if self.target.sec == "krb5" else None
+        line = kerberos.failure(e) if self.target.sec == "krb5" else None
         if line:
             return ConnectionLost(f"Kerberos logon as {auth.who(self.target)} to {self.where} failed: {line}")
         logon = isinstance(e, SMBResponseException) and e.status == errors.LOGON_FAILURE

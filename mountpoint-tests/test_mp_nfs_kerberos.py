@@ -1,0 +1,173 @@
+"""offloadfs on an nfs-ganesha export that takes Kerberos (RPCSEC_GSS) from the lab's AD realm
+(offloadfs/lab/addc.py nfs_kerberos_lab).
+
+Each flavour reads, writes and copies; privacy keeps data whole through the
+random data test; a context whose ticket ends is set up again from the
+renewed cache; a user with no ticket of their own is refused; and each way
+getting a ticket fails is one line of what to do.
+"""
+import errno
+import os
+import pwd
+import subprocess
+import time
+import uuid
+
+import pytest
+from mpkit import MiB, sh
+from test_mp_kerberos import FAKETIME, MISSING, SHORTEST_TICKET, mount_fails
+from test_mp_random_data import random_run
+
+from offloadfs.lab.addc import nfs_kerberos_lab
+from offloadfs.lab.mount import offloadfs_mount
+from offloadfs.lab.samba import USER as LAB_USER
+from offloadfs.lab.samba import ensure_user
+
+pytestmark = pytest.mark.skipif(bool(MISSING), reason="needs " + ", ".join(MISSING))
+
+FLAVOURS = ("krb5", "krb5i", "krb5p")
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with nfs_kerberos_lab() as lab:
+        yield lab
+
+
+@pytest.fixture
+def realm(lab, monkeypatch):
+    """The lab realm's krb5.conf for this process and the mounts it starts; returns the DC."""
+    monkeypatch.setenv("KRB5_CONFIG", str(lab.realm.krb5_conf))
+    return lab.realm
+
+
+def fresh_dir(lab):
+    """(URL, server-side path) of a new directory on the export."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    path = lab.server.path / name
+    path.mkdir()
+    path.chmod(0o777)
+    return f"nfs://{lab.server.host}/export/{name}", path
+
+
+def with_ticket(realm, tmp_path, monkeypatch, lifetime=None):
+    ccache = realm.kinit(tmp_path / "cc", lifetime)
+    monkeypatch.setenv("KRB5CCNAME", f"FILE:{ccache}")
+    return ccache
+
+
+@pytest.mark.parametrize("sec", FLAVOURS)
+def test_each_flavour_reads_writes_and_copies(lab, realm, tmp_path, monkeypatch, sec):
+    ccache = with_ticket(realm, tmp_path, monkeypatch)
+    url, backing = fresh_dir(lab)
+    with offloadfs_mount(url, options=[f"sec={sec}"]) as mnt:
+        data = os.urandom(3 * MiB + 17)
+        (mnt / "f").write_bytes(data)
+        assert (backing / "f").read_bytes() == data
+        (backing / "g").write_bytes(data[:1000])
+        assert (mnt / "g").read_bytes() == data[:1000]
+        sh("cp", mnt / "f", mnt / "copy")
+        assert (backing / "copy").read_bytes() == data
+    klist = subprocess.run(["klist", "-c", f"FILE:{ccache}"], capture_output=True, text=True).stdout
+    assert f"nfs/{lab.server.host}@{realm.realm}" in klist  # the ticket for the host as the URL gives it
+
+
+def test_without_sec_the_server_chooses_and_sys_wins(lab, realm, tmp_path, monkeypatch):
+    monkeypatch.setenv("KRB5CCNAME", f"FILE:{tmp_path / 'none'}")  # no ticket: only AUTH_SYS can work
+    url, backing = fresh_dir(lab)
+    with offloadfs_mount(url) as mnt:
+        (mnt / "f").write_bytes(b"as root, AUTH_SYS")
+    assert (backing / "f").read_bytes() == b"as root, AUTH_SYS"
+
+
+def test_private_data_stays_whole(lab, realm, tmp_path, monkeypatch):
+    with_ticket(realm, tmp_path, monkeypatch)
+    url, backing = fresh_dir(lab)
+    with offloadfs_mount(url, options=["sec=krb5p"]) as mnt:
+        random_run(mnt, backing, 2000)
+
+
+def test_a_keytab_needs_no_cache(lab, realm, tmp_path, monkeypatch):
+    monkeypatch.setenv("KRB5CCNAME", f"FILE:{tmp_path / 'none'}")
+    url, backing = fresh_dir(lab)
+    with offloadfs_mount(url, options=["sec=krb5i", f"keytab={realm.keytab}"]) as mnt:
+        (mnt / "f").write_bytes(b"at boot")
+    assert (backing / "f").read_bytes() == b"at boot"
+    assert not (tmp_path / "none").exists()
+
+
+def test_a_user_without_a_ticket_is_refused(lab, realm, tmp_path, monkeypatch):
+    """Root's requests go with the mount's ticket; another uid needs its own cache."""
+    with_ticket(realm, tmp_path, monkeypatch)
+    ensure_user()
+    user = pwd.getpwnam(LAB_USER)
+    cache = f"/tmp/krb5cc_{user.pw_uid}"
+    assert not os.path.exists(cache)
+    url, backing = fresh_dir(lab)
+    with offloadfs_mount(url, options=["sec=krb5", "allow_other"]) as mnt:
+        (mnt / "root").write_bytes(b"root's")
+        proc = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
+                               "cat", str(mnt / "root")], capture_output=True, text=True)
+        assert proc.returncode != 0 and os.strerror(errno.EACCES) in proc.stderr, proc
+        try:
+            realm.kinit(cache)
+            os.chown(cache, user.pw_uid, user.pw_gid)
+            proc = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
+                                   "--clear-groups", "cat", str(mnt / "root")], capture_output=True, text=True)
+        finally:
+            os.unlink(cache)
+        assert proc.stdout == "root's", proc
+
+
+def test_each_failure_is_one_line(lab, realm, tmp_path, monkeypatch):
+    url, _ = fresh_dir(lab)
+    monkeypatch.setenv("KRB5CCNAME", f"FILE:{tmp_path / 'none'}")
+    assert "no Kerberos ticket: run kinit" in mount_fails(url, ["sec=krb5"])
+    line = mount_fails(url, ["sec=krb5", f"keytab={realm.stale_keytab}"])
+    assert "wrong keytab or password" in line, line
+
+
+@pytest.mark.skipif(not os.path.exists(FAKETIME), reason="needs libfaketime (apt-get install libfaketime)")
+@pytest.mark.parametrize("ahead, line", [("+1h", "clock skew too great"),
+                                         ("+2d", "the Kerberos ticket has expired: run kinit again")])
+def test_clock_skew_and_an_expired_ticket_are_one_line(lab, realm, tmp_path, monkeypatch, ahead, line):
+    with_ticket(realm, tmp_path, monkeypatch)
+    url, _ = fresh_dir(lab)
+    # The mount's clock ahead of the KDC's: an hour is skew, two days outlive the ticket.
+    monkeypatch.setenv("LD_PRELOAD", FAKETIME)
+    monkeypatch.setenv("FAKETIME", ahead)
+    monkeypatch.setenv("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+    assert line in mount_fails(url, ["sec=krb5i"])
+
+
+@pytest.mark.slow  # waits out a ticket: about three minutes
+def test_a_context_whose_ticket_ended_is_set_up_again(lab, realm, tmp_path, monkeypatch):
+    """ganesha refuses a context once its ticket has ended (RPCSEC_GSS_CREDPROBLEM); meanwhile the user
+    renewed the cache, so a new context goes on with the I/O."""
+    # A shorter ticket is refused as expired when the service ticket is asked for.
+    ccache = with_ticket(realm, tmp_path, monkeypatch, f"{SHORTEST_TICKET}s")
+    url, backing = fresh_dir(lab)
+    log = tmp_path / "log"
+    with offloadfs_mount(url, options=["sec=krb5i", f"logfile={log}"]) as mnt:
+        (mnt / "f").write_bytes(b"before")
+        realm.kinit(ccache)
+        time.sleep(SHORTEST_TICKET + 2)
+        (mnt / "g").write_bytes(b"after")
+        assert (mnt / "f").read_bytes() == b"before"
+    assert (backing / "g").read_bytes() == b"after"
+    assert "RPCSEC_GSS context of uid 0 ended: setting up another" in log.read_text()
+
+
+def test_contexts_are_set_up_again_after_a_server_restart(lab, realm, tmp_path, monkeypatch):
+    """A restarted ganesha knows no context: it answers RPCSEC_GSS_CREDPROBLEM, and the client sets up
+    another and sends the request again."""
+    with_ticket(realm, tmp_path, monkeypatch)
+    url, backing = fresh_dir(lab)
+    log = tmp_path / "log"
+    with offloadfs_mount(url, options=["sec=krb5p", f"logfile={log}"]) as mnt:
+        (mnt / "f").write_bytes(b"before")
+        lab.server.restart()
+        (mnt / "g").write_bytes(b"after")
+        assert (mnt / "f").read_bytes() == b"before"
+    assert (backing / "g").read_bytes() == b"after"
+    assert "RPCSEC_GSS context of uid 0 gone (auth_stat 13): setting up another" in log.read_text()
