@@ -464,14 +464,27 @@ class Filesystem(Operations):
 
     async def _lookup(self, dir, name):
         self.stats.lookups += 1
-        asked, changes = time.monotonic(), dir.dir_changes
+        asked, changes, watching = time.monotonic(), dir.dir_changes, self._watching(dir)
         try:
             node, st = await dir.source.backend.lookup(dir.node, name)
         except FileNotFoundError:
             self.stats.lookups_absent += 1
             self.dircache.absent(dir, name, asked, changes)
             raise
-        return self._entry(dir, name, node, st)
+        return self._entry(dir, name, node, st, vouched=self._vouches_answer(dir, watching, st, name))
+
+    def _watching(self, dir):
+        """The listing of ``dir`` while it is watched under a held lease (DirCache.vouches), else None:
+        taken before the server is asked about a file in it, whose answer then comes after the watch
+        began, and is vouched for if that listing still holds (_vouches_answer)."""
+        listing = dir.listing
+        return listing if listing is not None and listing.watched and self.dircache.held(dir) else None
+
+    def _vouches_answer(self, dir, watching, st, name):
+        """True if the listing ``watching`` (from _watching, before the server was asked) vouches for the
+        attributes ``st`` of ``name`` that the server gave."""
+        return (watching is not None and dir.listing is watching
+                and self.dircache.vouches(dir, watching, st, self.dentries.get((dir.nodeid, name))))
 
     async def _getattr(self, inode, file):
         if inode.source is None:
@@ -482,9 +495,15 @@ class Filesystem(Operations):
         if st is None:
             await self.behind.settle(inode)  # else the server's answer may lack a write as it lands
             landed = self.behind.landed(inode)
+            dir = inode.parent if inode.parent is not None and inode.parent.source is not None else None
+            watching = None if dir is None else self._watching(dir)
             st = check(lambda: self._where(inode), await inode.source.backend.getattr(inode.node, file), inode.fmt)
             if self.behind.landed(inode) == landed:
-                return self._cache(inode, st, checked=True)
+                self._cache(inode, st, checked=True)
+                if (watching is not None and self.dentries.get((dir.nodeid, inode.name)) is inode
+                        and self._vouches_answer(dir, watching, st, inode.name)):
+                    self._vouch(dir, inode)
+                return st
             # A write began and landed meanwhile (another thread of the writer): not kept, and as big.
             st = dataclasses.replace(st, size=max(st.size, self.behind.landed_end(inode)))
         return st
