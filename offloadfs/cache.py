@@ -196,6 +196,7 @@ class Listing:
     ahead: bool = False  # the others were fetched ahead of that walk
     lease: object = None  # what Leases.caching said of the directory when it was stored (DirCache.held)
     denied: set = None  # names answered absent for as long as the lease holds (DirCache.no_entry)
+    fetched_by: int = 0  # the uid it was listed for (Backend.per_user)
 
 
 class DirCache:
