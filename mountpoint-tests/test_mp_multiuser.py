@@ -1,0 +1,142 @@
+"""-o multiuser on a share of a Samba AD DC (issue #32): each local user reaches the share in an SMB
+session of their own, from their own ticket cache, and the server checks their rights.
+
+The DC's shares force no user (addc_lab(multiuser=True)): a session acts on the server as its domain
+user, whom winbindd maps to a unix id, so a file's owner on the server says whose session made it.
+The mount logs on as the lab user (root's session); local users ALICE and BOB have tickets of the
+domain users alice and bob in /tmp/krb5cc_UID, where cifs.upcall would look; NOTICKET has none.
+Every request on a handle must go in the session that opened it: Samba finds no handle of another
+session, so data that arrives whole was written in its writer's session.
+"""
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from mpkit import MiB, sha256
+from test_mp_kerberos import MISSING, fresh_dir
+from test_mp_users import fork_as
+
+from offloadfs.lab.addc import addc_lab
+from offloadfs.lab.mount import offloadfs_mount, status
+
+pytestmark = pytest.mark.skipif(bool(MISSING), reason="needs " + ", ".join(MISSING))
+
+ALICE, BOB, NOTICKET = 61001, 61002, 61003
+
+
+@pytest.fixture(scope="module")
+def dc():
+    with addc_lab(kinds=("xfs",), multiuser=True) as lab:
+        yield lab.server
+
+
+@pytest.fixture
+def share(dc, tmp_path, monkeypatch):
+    """(mountpoint, server-side directory, log) of a multiuser mount of a fresh directory, read-only
+    handles kept open after their close (closetimeo=) to be taken back by the next open."""
+    monkeypatch.setenv("KRB5_CONFIG", str(dc.krb5_conf))
+    monkeypatch.delenv("PASSWD", raising=False)
+    monkeypatch.setenv("KRB5CCNAME", f"FILE:{dc.kinit(tmp_path / 'cc')}")
+    caches = {uid: Path(f"/tmp/krb5cc_{uid}") for uid in (ALICE, BOB, NOTICKET)}
+    try:
+        for uid, user in ((ALICE, "alice"), (BOB, "bob")):
+            dc.kinit(caches[uid], principal=f"{user}@{dc.realm}")
+            os.chown(caches[uid], uid, uid)
+        caches[NOTICKET].unlink(missing_ok=True)
+        url, backing = fresh_dir(dc, "xfs")
+        log = tmp_path / "log"
+        options = ["sec=krb5", "multiuser", "allow_other", "closetimeo=30", f"logfile={log}"]
+        with offloadfs_mount(url, options=options) as mnt:
+            yield mnt, backing, log
+    finally:
+        for cache in caches.values():
+            cache.unlink(missing_ok=True)
+
+
+def as_user(uid, fn, *args):
+    return fork_as(uid, fn, *args)()
+
+
+def errno_of(fn, *args):
+    """0 if ``fn(*args)`` succeeds, else its errno."""
+    try:
+        fn(*args)
+    except OSError as e:
+        return e.errno
+    return 0
+
+
+def write_new(path, data, piece=1 << 20):
+    with open(path, "wb") as f:
+        for at in range(0, len(data), piece):
+            f.write(data[at:at + piece])
+
+
+def write_into(path):
+    with open(path, "r+b") as f:
+        f.write(b"overwritten")
+
+
+def only_for_its_owner(path):
+    """Make the server-side file ``path`` readable by its owner alone: mode 600, no NT ACL of its own."""
+    os.chmod(path, 0o600)
+    try:
+        os.removexattr(path, "security.NTACL")
+    except OSError as e:
+        if e.errno != errno.ENODATA:
+            raise
+
+
+def test_a_user_cannot_read_through_another_users_session(share):
+    mnt, backing, _ = share
+    as_user(ALICE, write_new, mnt / "private", b"alice's own")
+    only_for_its_owner(backing / "private")
+    assert as_user(ALICE, Path.read_bytes, mnt / "private") == b"alice's own"  # and her handle is kept open
+    assert as_user(BOB, errno_of, Path.read_bytes, mnt / "private") == errno.EACCES
+    assert as_user(BOB, errno_of, write_into, mnt / "private") == errno.EACCES
+    assert as_user(ALICE, Path.read_bytes, mnt / "private") == b"alice's own"
+    assert (backing / "private").read_bytes() == b"alice's own"
+    assert status(mnt)["counters"]["smb_user_sessions"] == 2
+
+
+def test_a_user_without_a_ticket_gets_eacces(share):
+    mnt, _, log = share
+    (mnt / "roots").write_bytes(b"in the mount's session")
+    assert "roots" in as_user(ALICE, os.listdir, mnt)
+    for _ in range(3):
+        assert as_user(NOTICKET, errno_of, os.listdir, mnt) == errno.EACCES
+        assert as_user(NOTICKET, errno_of, Path.read_bytes, mnt / "roots") == errno.EACCES
+        assert as_user(NOTICKET, errno_of, write_new, mnt / "new", b"x") == errno.EACCES
+    assert os.listdir(mnt) == ["roots"]  # root: the mount's own session
+    refusals = [line for line in log.read_text().splitlines() if f"uid {NOTICKET} gets EACCES" in line]
+    assert len(refusals) == 1 and f"no credential cache /tmp/krb5cc_{NOTICKET}: run kinit" in refusals[0], refusals
+
+
+def test_cp_is_the_servers_in_the_users_session(share):
+    mnt, backing, _ = share
+    as_user(ALICE, write_new, mnt / "big", os.urandom(16 * MiB))
+    copier = dict(user=ALICE, group=ALICE, extra_groups=[])
+    subprocess.run(["cp", mnt / "big", mnt / "copy"], check=True, **copier)
+    assert sha256(backing / "copy") == sha256(backing / "big")
+    assert status(mnt)["counters"]["copy_bytes"].get("server_copy") == 16 * MiB
+    assert (backing / "copy").stat().st_uid == (backing / "big").stat().st_uid
+    as_user(BOB, write_new, mnt / "bobs", b"bob's")
+    bob = subprocess.run(["cp", mnt / "bobs", mnt / "copy"], capture_output=True, user=BOB, group=BOB,
+                         extra_groups=[])
+    assert bob.returncode != 0, bob
+    assert as_user(BOB, errno_of, write_into, mnt / "copy") == errno.EACCES
+    assert sha256(backing / "copy") == sha256(backing / "big")
+
+
+def test_writes_behind_are_the_writers(share):
+    mnt, backing, _ = share
+    data = {uid: os.urandom(4 * MiB + uid) for uid in (ALICE, BOB)}
+    for uid in data:
+        as_user(uid, write_new, mnt / f"by-{uid}", data[uid])
+    (mnt / "by-root").write_bytes(b"root's")
+    owners = {name: (backing / name).stat().st_uid for name in (f"by-{ALICE}", f"by-{BOB}", "by-root")}
+    assert len(set(owners.values())) == 3, owners  # three sessions, three domain users
+    for uid in data:
+        assert (backing / f"by-{uid}").read_bytes() == data[uid]
