@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from mpkit import MiB, sha256
+from mpkit import MiB, sh, sha256
 from test_mp_kerberos import MISSING, fresh_dir
 from test_mp_users import fork_as
 
@@ -140,3 +140,36 @@ def test_writes_behind_are_the_writers(share):
     assert len(set(owners.values())) == 3, owners  # three sessions, three domain users
     for uid in data:
         assert (backing / f"by-{uid}").read_bytes() == data[uid]
+
+
+def write_around_a_break(path, ready, go, first, second):
+    """Write ``first`` through an open of ``path``, say so on ``ready``, wait for ``go`` (the connection
+    is broken meanwhile), then write ``second`` after it through the same open."""
+    with open(path, "w+b") as f:
+        f.write(first)
+        f.flush()
+        os.fsync(f.fileno())
+        os.write(ready, b"r")
+        assert os.read(go, 1) == b"g"
+        os.pwrite(f.fileno(), second, len(first))
+        os.fsync(f.fileno())
+
+
+def test_sessions_and_durable_handles_come_back_in_their_users_session(share, dc):
+    """The connection breaks under alice's open file: her session is set up again and her durable
+    handle reconnected in it (Samba refuses another user's reconnect of it), and the boundary holds."""
+    mnt, backing, log = share
+    as_user(ALICE, write_new, mnt / "private", b"alice's own")
+    only_for_its_owner(backing / "private")
+    first, second = os.urandom(64 * 1024), os.urandom(64 * 1024)
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    finish = fork_as(ALICE, write_around_a_break, mnt / "f", ready_w, go_r, first, second)
+    assert os.read(ready_r, 1) == b"r"
+    sh("ss", "-K", "dst", dc.host, "dport", "=", "445")
+    os.write(go_w, b"g")
+    finish()
+    assert (backing / "f").read_bytes() == first + second
+    assert as_user(BOB, errno_of, Path.read_bytes, mnt / "private") == errno.EACCES
+    assert as_user(ALICE, Path.read_bytes, mnt / "private") == b"alice's own"
+    assert log.read_text().count(f"uid {ALICE}: session on {dc.host}") == 2

@@ -18,7 +18,8 @@ the KDC's own settings (``kdc:user ticket lifetime``) count in whole hours.
 A DC for multiuser mounts (``multiuser=True``) has two more domain users,
 MULTIUSER_USERS, made in its own copy at start, and shares without `force
 user`: each session then acts as its own user on the server (winbindd maps
-the user to a unix id), and the server checks each user's rights.
+the user to a unix id), and the server checks each user's rights.  They keep
+durable handles, which a reconnect must take back in the session of their user.
 """
 import contextlib
 import fcntl
@@ -34,7 +35,7 @@ from pathlib import Path
 from offloadfs.lab import Lab
 from offloadfs.lab.loopfs import loop_filesystem, run
 from offloadfs.lab.net import server_namespace
-from offloadfs.lab.samba import Samba, SambaServer
+from offloadfs.lab.samba import DURABLE, Samba, SambaServer
 
 REALM = "LAB.OFFLOADFS.TEST"
 DOMAIN = "LAB"
@@ -82,7 +83,7 @@ SHARE = """
 [{name}]
 path = {path}
 read only = no
-{force}vfs objects = {vfs}
+{settings}vfs objects = {vfs}
 """
 
 
@@ -173,8 +174,8 @@ def write_config(workdir, host, alias, shares, multiuser=False):
     text = GLOBAL.format(dc=DC_NAME.upper(), domain=DOMAIN, realm=REALM, host=host, alias=alias, dir=workdir)
     for share in shares.values():
         vfs = "dfs_samba4 acl_xattr" + (" btrfs" if share.kind == "btrfs" else "")
-        force = "" if multiuser else "force user = root\n"
-        text += SHARE.format(name=share.name, path=share.path, vfs=vfs, force=force)
+        settings = DURABLE if multiuser else "force user = root\n"
+        text += SHARE.format(name=share.name, path=share.path, vfs=vfs, settings=settings)
     (workdir / "run").mkdir()
     (workdir / "smb.conf").write_text(text)
     (workdir / "krb5.conf").write_text(
