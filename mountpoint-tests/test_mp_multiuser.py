@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from mpkit import MiB, sh, sha256
 from test_mp_kerberos import MISSING, fresh_dir
-from test_mp_users import fork_as
+from test_mp_users import fork_as, read_then_write
 
 from offloadfs.lab.addc import addc_lab
 from offloadfs.lab.mount import offloadfs_mount, status
@@ -35,7 +35,9 @@ def dc():
 @pytest.fixture
 def share(dc, tmp_path, monkeypatch):
     """(mountpoint, server-side directory, log) of a multiuser mount of a fresh directory, read-only
-    handles kept open after their close (closetimeo=) to be taken back by the next open."""
+    handles kept open after their close (closetimeo=) to be taken back by the next open, and copies
+    recognised in writes committed whatever the cost model says (on the lab's unshaped link it has
+    them written)."""
     monkeypatch.setenv("KRB5_CONFIG", str(dc.krb5_conf))
     monkeypatch.delenv("PASSWD", raising=False)
     monkeypatch.setenv("KRB5CCNAME", f"FILE:{dc.kinit(tmp_path / 'cc')}")
@@ -47,7 +49,8 @@ def share(dc, tmp_path, monkeypatch):
         caches[NOTICKET].unlink(missing_ok=True)
         url, backing = fresh_dir(dc, "xfs")
         log = tmp_path / "log"
-        options = ["sec=krb5", "multiuser", "allow_other", "closetimeo=30", f"logfile={log}"]
+        options = ["sec=krb5", "multiuser", "allow_other", "closetimeo=30", "offload=always",
+                   f"logfile={log}"]
         with offloadfs_mount(url, options=options) as mnt:
             yield mnt, backing, log
     finally:
@@ -173,3 +176,23 @@ def test_sessions_and_durable_handles_come_back_in_their_users_session(share, dc
     assert as_user(BOB, errno_of, Path.read_bytes, mnt / "private") == errno.EACCES
     assert as_user(ALICE, Path.read_bytes, mnt / "private") == b"alice's own"
     assert log.read_text().count(f"uid {ALICE}: session on {dc.host}") == 2
+
+
+def test_recognised_copies_are_their_writers(share):
+    """A copy recognised in alice's writes is committed in her session, from what was served to her;
+    bob writing the same bytes (a right guess of her file) recognises nothing of hers."""
+    mnt, backing, _ = share
+    data = os.urandom(8 * MiB + 12345)
+    as_user(ALICE, write_new, mnt / "src", b"")  # hers; its data written on the server, so that reads reach us
+    (backing / "src").write_bytes(data)
+    only_for_its_owner(backing / "src")
+    as_user(ALICE, read_then_write, mnt / "src", mnt / "copy")
+    counters = status(mnt)["counters"]
+    assert counters["recognised_bytes"] > 0 and sum(counters["recognised_committed"].values()) > 0, \
+        {k: v for k, v in counters.items() if k.startswith("recogn")}
+    assert (backing / "copy").read_bytes() == data
+    assert (backing / "copy").stat().st_uid == (backing / "src").stat().st_uid
+    as_user(BOB, write_new, mnt / "guess", data)
+    assert status(mnt)["counters"]["recognised_bytes"] == counters["recognised_bytes"]
+    assert (backing / "guess").read_bytes() == data
+    assert (backing / "guess").stat().st_uid != (backing / "src").stat().st_uid
