@@ -11,6 +11,7 @@ session, so data that arrives whole was written in its writer's session.
 import errno
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from offloadfs.lab.mount import offloadfs_mount, status
 
 pytestmark = pytest.mark.skipif(bool(MISSING), reason="needs " + ", ".join(MISSING))
 
-ALICE, BOB, NOTICKET = 61001, 61002, 61003
+ALICE, BOB, NOTICKET, CAROL = 61001, 61002, 61003, 61004  # CAROL: alice's principal, a ticket that expires
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +45,7 @@ def share(dc, tmp_path, monkeypatch):
     caches = {uid: Path(f"/tmp/krb5cc_{uid}") for uid in (ALICE, BOB, NOTICKET)}
     try:
         for uid, user in ((ALICE, "alice"), (BOB, "bob")):
-            dc.kinit(caches[uid], principal=f"{user}@{dc.realm}")
-            os.chown(caches[uid], uid, uid)
+            give_ticket(dc, uid, user)
         caches[NOTICKET].unlink(missing_ok=True)
         url, backing = fresh_dir(dc, "xfs")
         log = tmp_path / "log"
@@ -56,6 +56,14 @@ def share(dc, tmp_path, monkeypatch):
     finally:
         for cache in caches.values():
             cache.unlink(missing_ok=True)
+
+
+def give_ticket(dc, uid, user, lifetime=None):
+    """A ticket of domain user ``user`` in uid's cache, where the mount looks for it; the cache's path."""
+    cache = Path(f"/tmp/krb5cc_{uid}")
+    dc.kinit(cache, lifetime, principal=f"{user}@{dc.realm}")
+    os.chown(cache, uid, uid)
+    return cache
 
 
 def as_user(uid, fn, *args):
@@ -196,3 +204,20 @@ def test_recognised_copies_are_their_writers(share):
     assert status(mnt)["counters"]["recognised_bytes"] == counters["recognised_bytes"]
     assert (backing / "guess").read_bytes() == data
     assert (backing / "guess").stat().st_uid != (backing / "src").stat().st_uid
+
+
+def test_an_expired_ticket_gets_eacces_until_kinit(share, dc):
+    """A user whose ticket has expired gets EACCES, with the line that says to kinit, and no session;
+    after kinit, the next request sets theirs up (no remount)."""
+    mnt, _, log = share
+    (mnt / "roots").write_bytes(b"in the mount's session")
+    try:
+        give_ticket(dc, CAROL, "alice", "2s")
+        time.sleep(3)
+        assert as_user(CAROL, errno_of, os.listdir, mnt) == errno.EACCES
+        refusals = [line for line in log.read_text().splitlines() if f"uid {CAROL} gets EACCES" in line]
+        assert len(refusals) == 1 and "the Kerberos ticket has expired: run kinit again" in refusals[0], refusals
+        give_ticket(dc, CAROL, "alice")
+        assert as_user(CAROL, os.listdir, mnt) == ["roots"]
+    finally:
+        Path(f"/tmp/krb5cc_{CAROL}").unlink(missing_ok=True)
