@@ -105,6 +105,7 @@ def test_a_user_cannot_read_through_another_users_session(share):
     as_user(ALICE, write_new, mnt / "private", b"alice's own")
     only_for_its_owner(backing / "private")
     assert as_user(ALICE, Path.read_bytes, mnt / "private") == b"alice's own"  # and her handle is kept open
+    assert as_user(ALICE, os.access, mnt / "private", os.R_OK | os.W_OK)  # the server decides, not the modes shown
     assert as_user(BOB, errno_of, Path.read_bytes, mnt / "private") == errno.EACCES
     assert as_user(BOB, errno_of, write_into, mnt / "private") == errno.EACCES
     assert as_user(ALICE, Path.read_bytes, mnt / "private") == b"alice's own"
