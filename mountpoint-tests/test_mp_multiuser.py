@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from mpkit import MiB, sh, sha256
-from test_mp_kerberos import MISSING, fresh_dir
+from test_mp_kerberos import MISSING, SHORTEST_TICKET, fresh_dir
 from test_mp_users import fork_as, read_then_write
 
 from offloadfs.lab.addc import addc_lab
@@ -222,3 +222,44 @@ def test_an_expired_ticket_gets_eacces_until_kinit(share, dc):
         assert as_user(CAROL, os.listdir, mnt) == ["roots"]
     finally:
         Path(f"/tmp/krb5cc_{CAROL}").unlink(missing_ok=True)
+
+
+def write_across_an_expiry(path, ready, go, first, second, wait):
+    """Write ``first`` through an open of ``path``; past the ticket's end (``wait`` seconds) a listing
+    must be refused; say so on ``ready`` and, once told on ``go`` (after a kinit), write ``second``
+    through the same open.  Returns the listing's errno."""
+    with open(path, "w+b") as f:
+        f.write(first)
+        f.flush()
+        os.fsync(f.fileno())
+        time.sleep(wait)
+        refused = errno_of(os.listdir, os.path.dirname(path))
+        os.write(ready, b"r")
+        assert os.read(go, 1) == b"g"
+        os.pwrite(f.fileno(), second, len(first))
+        os.fsync(f.fileno())
+    return refused
+
+
+@pytest.mark.slow  # waits out a ticket: about three minutes
+def test_a_users_expired_session_is_renewed_from_their_cache(share, dc):
+    """Past her ticket's end CAROL gets EACCES (not the mount's session), and after her kinit her
+    session is renewed, not made anew: her open file goes on."""
+    mnt, backing, log = share
+    give_ticket(dc, CAROL, "alice", f"{SHORTEST_TICKET}s")
+    try:
+        first, second = os.urandom(64 * 1024), os.urandom(64 * 1024)
+        ready_r, ready_w = os.pipe()
+        go_r, go_w = os.pipe()
+        finish = fork_as(CAROL, write_across_an_expiry, mnt / "f", ready_w, go_r, first, second, SHORTEST_TICKET + 15)
+        assert os.read(ready_r, 1) == b"r"
+        give_ticket(dc, CAROL, "alice")
+        os.write(go_w, b"g")
+        assert finish() == errno.EACCES
+    finally:
+        Path(f"/tmp/krb5cc_{CAROL}").unlink(missing_ok=True)
+    assert (backing / "f").read_bytes() == first + second
+    text = log.read_text()
+    assert f"uid {CAROL} gets EACCES on {dc.host}: session expired, and renewing it failed" in text
+    assert f"session on {dc.host} expired: renewed as the principal of FILE:/tmp/krb5cc_{CAROL}" in text
+    assert text.count(f"uid {CAROL}: session on") == 1

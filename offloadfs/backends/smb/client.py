@@ -33,7 +33,9 @@ request from the ticket in /tmp/krb5cc_UID (where cifs.upcall looks; the
 file must be theirs), with tree connects of its own.  Their requests go in
 that session, so the server checks the user's own rights.  A user it cannot
 be set up for (no cache, an expired ticket) gets EACCES, never the mount's
-session; the reason is logged once per uid.  Sessions go with their
+session; the reason is logged once per uid.  A user's session whose ticket
+expired is renewed from their cache, as the mount's is; until it can be
+(they kinit), their requests get EACCES.  Sessions go with their
 connection and are set up again at the user's next request after a
 reconnect.  Root (uid 0), and the daemon's own work, use the mount's session.
 """
@@ -357,13 +359,6 @@ class Client:
             log.warning("uid %d gets EACCES on %s: %s", uid, self.where, why)
         return PermissionError(errno.EACCES, f"no session for uid {uid}: {why}")
 
-    def forget_user(self, uid):
-        """Log ``uid``'s session off and forget it (its ticket expired and was not renewed)."""
-        session = self.sessions.pop(uid, None)
-        self.trees = {k: v for k, v in self.trees.items() if k[0] != uid}
-        conn = self.conn
-        if session is not None and conn is not None:
-            conn.session_table.pop(session.session_id, None)
 
     def _back_off(self):
         self._delay = min(RECONNECT_DELAY_MAX, max(RECONNECT_DELAY_MIN, 2 * self._delay))
@@ -419,7 +414,8 @@ class Client:
 
     async def _reauthenticate(self, renewals, uid):
         """Renew the session, unless another request did since ours went (``renewals``: the count then).
-        A user's that cannot be renewed is logged off: EACCES until they kinit again."""
+        A user's that cannot be renewed stays, expired: EACCES until a renewal after their kinit, which
+        keeps their handles."""
         async with self._renewing:
             conn = self.conn
             session = self.session if uid is None else self.sessions.get(uid)
@@ -434,7 +430,6 @@ class Client:
                 why = f"session expired, and renewing it failed: {self._logon_failed(e, target).strerror}"
                 if uid is None:
                     raise self._lost(conn, why) from None
-                self.forget_user(uid)
                 raise self._refuse(uid, why) from None
             self._renewals[uid] = renewals + 1
             log.info("session on %s expired: renewed as %s", self.where, auth.who(target))
