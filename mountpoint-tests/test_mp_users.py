@@ -26,17 +26,17 @@ NOBODY = 65534
 SIZE = 8 * MiB + 12345
 
 
-def fork_as_nobody(fn, *args):
-    """Start ``fn(*args)`` as nobody, in a forked child; returns finish(), which waits for it and
-    gives its result, pickled back (an exception in it fails the test with its repr)."""
+def fork_as(uid, fn, *args):
+    """Start ``fn(*args)`` as ``uid`` (its group the same number), in a forked child; returns finish(),
+    which waits for it and gives its result, pickled back (an exception in it fails the test with its repr)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             os.close(r)
             os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
+            os.setgid(uid)
+            os.setuid(uid)
             out = pickle.dumps((True, fn(*args)))
         except BaseException as e:  # the child must always reach _exit
             out = pickle.dumps((False, repr(e)))
@@ -54,6 +54,10 @@ def fork_as_nobody(fn, *args):
         assert ok, value
         return value
     return finish
+
+
+def fork_as_nobody(fn, *args):
+    return fork_as(NOBODY, fn, *args)
 
 
 def as_nobody(fn, *args):

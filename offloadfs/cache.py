@@ -207,6 +207,7 @@ class Listing:
     lease: object = None  # what Leases.caching said of the directory when it was stored (DirCache.held)
     watched: bool = False  # and that lease ends at any change to a file in it (Watches): it vouches for their attributes
     denied: set = None  # names answered absent for as long as the lease holds (DirCache.no_entry)
+    fetched_by: int = 0  # the uid it was listed for (Backend.per_user)
 
 
 class DirCache:

@@ -1087,6 +1087,8 @@ class Filesystem(Operations):
 
     def opendir_now(self, ctx, nodeid, flags):
         inode = self.inodes.get(nodeid)
+        if inode is not None and inode.source is not None and inode.source.backend.per_user:
+            return self._opened_dir(inode, False)  # each user's readdir is listed in their own session
         keep = None if inode is None else self._kernel_keeps_names_now(inode)
         return None if keep is None else self._opened_dir(inode, keep)
 
@@ -1250,7 +1252,12 @@ class Filesystem(Operations):
         """The directory's listing, revalidated or fetched again as the cache's rules say.  With
         ``relist_within`` (a lookup): None instead of fetching, unless the directory had a listing
         of at most that many entries (an unknown or large directory is asked for one name).
-        ``stats``: see DirCache.fresh."""
+        ``stats``: see DirCache.fresh.  Where the source is per user, one listed for another user is
+        dropped: it may hold what the caller cannot see."""
+        uid = CALLER.get().uid
+        per_user = inode.source.backend.per_user
+        if per_user and inode.listing is not None and inode.listing.fetched_by != uid:
+            self.dircache.drop(inode)
         listing = self.dircache.fresh(inode, stats)
         if listing is not None:
             return listing
@@ -1266,13 +1273,14 @@ class Filesystem(Operations):
         if relist_within is not None and (held is None or len(held.items) > relist_within):
             self.dircache.drop(inode)
             return None
-        fetching = self._fetching.get(inode.nodeid)
+        key = (inode.nodeid, uid) if per_user else inode.nodeid
+        fetching = self._fetching.get(key)
         if fetching is not None:  # listed ahead of a walk right now, or for another request: that answers
             await fetching.done.wait()
             if fetching.failed is not None:  # a timeout is paid once, not once a waiting request
                 raise OSError(fetching.failed, os.strerror(fetching.failed))
             return await self._valid_listing(inode, relist_within, stats)
-        self._fetching[inode.nodeid] = fetching = Fetching()
+        self._fetching[key] = fetching = Fetching()
         try:
             if stats:
                 self._walk_reached(inode)
@@ -1282,7 +1290,7 @@ class Filesystem(Operations):
                 fetching.failed = e.errno
             raise
         finally:
-            del self._fetching[inode.nodeid]
+            del self._fetching[key]
             fetching.done.set()
 
     async def _fetch_listing(self, inode):
@@ -1294,6 +1302,7 @@ class Filesystem(Operations):
         if not self.cache.newer_than(inode.key, inode, before, asked):  # unless we changed the directory meanwhile
             self._cache(inode, before, asked)
         listing = self.dircache.store(inode, before, items, asked, changes)
+        listing.fetched_by = CALLER.get().uid
         if inode.source.leases and listing is inode.listing:
             backend = inode.source.backend
             listing.lease = backend.caching(inode.node)
@@ -1305,6 +1314,8 @@ class Filesystem(Operations):
         the other ones it would list again are fetched ahead, AHEAD side by side, so that the walk
         finds them ready (cache.DirCache.walk_reached)."""
         parent = dir.parent
+        if dir.source.backend.per_user:
+            return  # listed ahead in no one's session
         if (parent is None or parent.listing is None or self.dentries.get((parent.nodeid, dir.name)) is not dir
                 or not self.dircache.walk_reached(parent.listing)):
             return
@@ -1378,7 +1389,9 @@ class Filesystem(Operations):
         st = self._attr(inode, await self._getattr(inode, None))
         if mask & os.W_OK and self.options.ro:
             raise OSError(errno.EROFS, "read-only mount")
-        if ctx.uid == 0:
+        # Where each user reaches the source in a session of their own, the server decides at the open, as
+        # for root: the owner and modes shown (file_mode=, uid=) are not what it checks (mount.cifs's noperm).
+        if ctx.uid == 0 or inode.source is not None and inode.source.backend.per_user:
             if mask & os.X_OK and not (st.mode & 0o111 or stat.S_ISDIR(st.mode)):
                 raise OSError(errno.EACCES, "permission denied")
             return

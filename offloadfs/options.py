@@ -178,8 +178,12 @@ def parse(mountpoint, source, option_strings):
         raise OptionError("passthrough and writeback_cache exclude each other")
     if config.flags & MS_RDONLY:
         fs.ro = True
-    if config.allow_other:
-        # The daemon reaches the sources as root: other users must meet the kernel's checks.
+    multiuser = config.backend_options.get("multiuser") is True
+    if multiuser and not config.allow_other:
+        raise OptionError("multiuser needs allow_other: it is for mounts that other users reach")
+    if config.allow_other and not multiuser:
+        # The daemon reaches the sources as root: other users must meet the kernel's checks.  With
+        # multiuser each user reaches the server in a session of their own, and the server checks.
         config.default_permissions = True
     return config
 

@@ -60,3 +60,11 @@ def test_logfile(tmp_path, monkeypatch):
     assert parse("/mnt", "/srv", []).logfile is None
     with pytest.raises(OptionError, match=r"option logfile=/nowhere/o.log: /nowhere: no such directory"):
         parse("/mnt", "/srv", ["logfile=/nowhere/o.log"])
+
+
+def test_multiuser_needs_allow_other_and_leaves_permissions_to_the_server(monkeypatch):
+    monkeypatch.setenv("KRB5CCNAME", "FILE:/tmp/cc")
+    with pytest.raises(OptionError, match="multiuser needs allow_other"):
+        parse("/mnt", "smb://h/s", ["sec=krb5,multiuser"])
+    c = parse("/mnt", "smb://h/s", ["sec=krb5,multiuser,allow_other"])
+    assert c.allow_other and not c.default_permissions  # each user's own session: the server checks

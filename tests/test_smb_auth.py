@@ -1,11 +1,13 @@
 """How the SMB mount options pick the logon (sec=, cruid=, keytab=) and its credentials, without a server."""
 import os
+from pathlib import Path
 
 import pytest
 import spnego
 
 from offloadfs.backends import kerberos
 from offloadfs.backends.smb import auth
+from offloadfs.backends.smb.client import Client
 from offloadfs.backends.smb.url import parse
 
 PASSWORD = {"PASSWD": "pw"}
@@ -103,3 +105,34 @@ def test_keytab_needs_a_user_and_no_cruid(keytab):
 def test_one_line_per_failure(text, line):
     got = kerberos.failure(Exception(f"Failed to authenticate with server: SpnegoError: {text}"))
     assert got == line if line is None else line in got
+
+
+async def test_a_users_session_logs_on_with_their_cache_alone():
+    """multiuser: nothing of the mount's credentials (keytab, user, password) goes into a user's logon."""
+    t = parse("smb://alice@h/s", {"sec": "krb5", "multiuser": True}, environ=PASSWORD)
+    user = Client(t, None).user_target(1234)
+    (cache, _, protocol) = auth.credential(user)
+    assert isinstance(cache, spnego.KerberosCCache) and protocol == "kerberos"
+    assert (cache.ccache, cache.principal, user.password) == ("FILE:/tmp/krb5cc_1234", None, None)
+
+
+async def test_a_user_without_their_own_cache_gets_eacces(caplog):
+    """No cache, or one that is not the user's (anyone may make /tmp/krb5cc_UID for a uid that has
+    none): EACCES before anything is sent, logged once per uid and reason."""
+    client = Client(parse("smb://h/s", {"sec": "krb5", "multiuser": True}, environ={}), None)
+    uid = 61999
+    cache = Path(f"/tmp/krb5cc_{uid}")
+    cache.unlink(missing_ok=True)
+    for _ in range(2):
+        with pytest.raises(PermissionError, match=f"no credential cache /tmp/krb5cc_{uid}: run kinit"):
+            await client._user_session(None, uid)
+    cache.write_bytes(b"")
+    try:
+        for _ in range(2):
+            with pytest.raises(PermissionError, match=f"belongs to uid {os.getuid()}, not to the user"):
+                await client._user_session(None, uid)
+    finally:
+        cache.unlink()
+    logged = [r.getMessage().partition(": ")[2] for r in caplog.records if f"uid {uid} gets EACCES" in r.getMessage()]
+    assert logged == [f"no credential cache /tmp/krb5cc_{uid}: run kinit",
+                      f"/tmp/krb5cc_{uid} belongs to uid {os.getuid()}, not to the user"]

@@ -309,8 +309,8 @@ def _endless(call):
     STATUS_NO_MORE_FILES: the server's own replies, so signing cannot stop it, as it stops a man in the middle."""
     first = []
 
-    async def endless(share, messages, generation=None, sent=None):
-        results = await call(share, messages, generation, sent)
+    async def endless(share, messages, generation=None, uid=None, sent=None):
+        results = await call(share, messages, generation, uid, sent)
         for i, msg in enumerate(messages):
             if m.command(msg) == "QUERY_DIRECTORY":
                 status, body = results[i]

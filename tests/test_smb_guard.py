@@ -278,3 +278,25 @@ def test_a_stream_that_ends_within_a_frame_ends_the_worker_quietly():
     conn.max_read_size = conn.max_write_size = conn.max_transact_size = 1 << 20
     conn.transport = transport((100).to_bytes(4, "big") + b"half")
     assert conn._recv_frame(600) == b""
+
+
+@pytest.mark.parametrize("first", [errors.NETWORK_SESSION_EXPIRED, errors.SUCCESS])
+def test_only_replies_after_a_session_expired_in_their_compound_go_unverified(first):
+    """Samba 4.17 signs the related replies after a STATUS_NETWORK_SESSION_EXPIRED wrong (seen at a
+    multiuser user's ticket's end); the compound is sent again (or fails) after a re-authentication."""
+    conn = smbconn.GuardedConnection(uuid.uuid4(), "127.0.0.1", 445)
+    conn.dialect = Dialects.SMB_3_0_0
+    create, query = sent_requests(conn, 2)
+    one = signed_reply(conn, 10, bytes(8), status=first)
+    one = one[:20] + (len(one)).to_bytes(4, "little") + one[24:]
+    one = one[:48] + bytes(16) + one[64:]
+    one = one[:48] + conn._generate_signature(one, KEY, 10, True, Commands.SMB2_READ) + one[64:]
+    two = signed_reply(conn, 11, bytes(8), status=errors.INVALID_PARAMETER)
+    flags = int.from_bytes(two[16:20], "little") | Smb2Flags.SMB2_FLAGS_RELATED_OPERATIONS
+    two = two[:16] + flags.to_bytes(4, "little") + two[20:48] + b"wrong signature!" + two[64:]
+    receiving(conn, [one + two])
+    if first == errors.SUCCESS:
+        assert conn._t_exc is not None and query.response is None
+    else:
+        assert conn._t_exc is None
+        assert (create.response.status, query.response.status) == (first, errors.INVALID_PARAMETER)

@@ -64,6 +64,8 @@ def test_options(creds):
     ("smb://alice@h/s", {"username": "bob"}, "user name given twice"),
     ("smb://alice@h/s", {"username": True}, "needs a value"),
     ("smb://h/s", {}, "no user name"),
+    ("smb://alice@h/s", {"multiuser": True}, "multiuser needs Kerberos"),
+    ("smb://alice@h/s", {"multiuser": "1"}, "multiuser takes no value"),
 ])
 def test_bad_urls_and_options(url, options, message):
     with pytest.raises(ValueError, match=message):
@@ -120,7 +122,8 @@ def test_mount_options_reach_the_backend(creds):
     config = parse_mount_options("/mnt", "smb://alice@h/s", [f"credentials={path},vers=3.0,seal,uid=1000"])
     assert config.backend_options == {"credentials": path, "vers": "3.0", "seal": True}
     assert SMBBackend.OPTIONS == {"credentials", "username", "domain", "file_mode", "dir_mode", "seal", "vers", "port",
-                                  "closetimeo", "dir_cache_timeout", "posix", "noposix", "sec", "cruid", "keytab"}
+                                  "closetimeo", "dir_cache_timeout", "posix", "noposix", "sec", "cruid", "keytab",
+                                  "multiuser"}
     backend = open_backend("smb://alice@h/s", config.backend_options)
     assert isinstance(backend, SMBBackend) and backend.target.seal
 

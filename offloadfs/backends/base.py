@@ -143,6 +143,10 @@ class Backend:
     # file's write time; times can be put back), equal attributes prove nothing: cached pages are
     # not kept on open, and a recognised copy is read back before it counts (recognise.py).
     exact_version = False
+    # Whether each user reaches the source with rights of their own (SMB multiuser): a listing made for one
+    # user then answers no other's readdir or lookup, and the kernel keeps no names across opens of a
+    # directory (Filesystem._valid_listing, opendir_now).
+    per_user = False
     # Whether the server clears setuid and setgid itself when a user who may not keep them writes
     # the file (NFS: the Linux client leaves that to the server); the daemon then does not, as its
     # SETATTR would act for the writer, who may not chmod a file they do not own.

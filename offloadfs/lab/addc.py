@@ -20,6 +20,12 @@ rpc.svcgssd, no KDC traffic of its own).
 Clients use the lab's own krb5.conf (KRB5_CONFIG) and credential caches in
 temporary files (KRB5CCNAME), made by `kinit` with a lifetime the test picks:
 the KDC's own settings (``kdc:user ticket lifetime``) count in whole hours.
+
+A DC for multiuser mounts (``multiuser=True``) has two more domain users,
+MULTIUSER_USERS, made in its own copy at start, and shares without `force
+user`: each session then acts as its own user on the server (winbindd maps
+the user to a unix id), and the server checks each user's rights.  They keep
+durable handles, which a reconnect must take back in the session of their user.
 """
 import contextlib
 import fcntl
@@ -35,7 +41,7 @@ from pathlib import Path
 from offloadfs.lab import Lab
 from offloadfs.lab.loopfs import loop_filesystem, run
 from offloadfs.lab.net import server_namespace
-from offloadfs.lab.samba import Samba, SambaServer
+from offloadfs.lab.samba import DURABLE, Samba, SambaServer
 
 REALM = "LAB.OFFLOADFS.TEST"
 DOMAIN = "LAB"
@@ -43,6 +49,7 @@ DC_NAME = "dc"
 USER = "labuser"
 PASSWORD = "Lab-User-Pass1"
 STALE_USER = "staleuser"
+MULTIUSER_USERS = ("alice", "bob")  # domain users of a multiuser DC, with PASSWORD
 ADMIN_PASSWORD = "Lab-Admin-Pass1"
 CACHE = Path("/var/cache/offloadfs-lab")
 # smbd asks winbindd for the unix ids of domain users at the socket path compiled into libwbclient
@@ -82,8 +89,7 @@ SHARE = """
 [{name}]
 path = {path}
 read only = no
-force user = root
-vfs objects = {vfs}
+{settings}vfs objects = {vfs}
 """
 
 
@@ -140,6 +146,7 @@ class DomainController(SambaServer):
         self.keytab = workdir / "user.keytab"
         self.stale_keytab = workdir / "stale.keytab"
         self.stale_principal = f"{STALE_USER}@{REALM}"
+        self.users = ()  # more domain users (MULTIUSER_USERS on a multiuser DC), with self.password
         self.alias = None  # a second address of the server, with no cifs/ service principal
         self.krb5_conf = workdir / "krb5.conf"
         self.nfs_keytab = workdir / "nfs.keytab"  # nfs/ADDRESS's keys, made by domain_controller(nfs=True)
@@ -170,11 +177,12 @@ class DomainController(SambaServer):
         return ccache
 
 
-def write_config(workdir, host, alias, shares):
+def write_config(workdir, host, alias, shares, multiuser=False):
     text = GLOBAL.format(dc=DC_NAME.upper(), domain=DOMAIN, realm=REALM, host=host, alias=alias, dir=workdir)
     for share in shares.values():
         vfs = "dfs_samba4 acl_xattr" + (" btrfs" if share.kind == "btrfs" else "")
-        text += SHARE.format(name=share.name, path=share.path, vfs=vfs)
+        settings = DURABLE if multiuser else "force user = root\n"
+        text += SHARE.format(name=share.name, path=share.path, vfs=vfs, settings=settings)
     (workdir / "run").mkdir()
     (workdir / "smb.conf").write_text(text)
     (workdir / "krb5.conf").write_text(
@@ -196,10 +204,11 @@ def add_alias(net):
 
 
 @contextlib.contextmanager
-def domain_controller(shares, net, nfs=False):
+def domain_controller(shares, net, nfs=False, multiuser=False):
     """Yield a running DomainController in lab Namespace ``net`` exporting shares {name: (path, kind)};
     waits for one that another run holds to stop (see ONE_AT_A_TIME).  With ``nfs`` the machine account
-    also gets nfs/ADDRESS, whose keys go to ``nfs_keytab`` for an NFS server beside the DC."""
+    also gets nfs/ADDRESS, whose keys go to ``nfs_keytab`` for an NFS server beside the DC.
+    ``multiuser``: see the module."""
     shares = {name: Share(name, Path(path), kind) for name, (path, kind) in shares.items()}
     tree = provisioned()
     with open(ONE_AT_A_TIME, "w") as lock, tempfile.TemporaryDirectory(prefix="offloadfs-addc-") as tmp:
@@ -207,31 +216,37 @@ def domain_controller(shares, net, nfs=False):
         workdir = Path(tmp) / "dc"
         shutil.copytree(tree, workdir, symlinks=True)
         alias = add_alias(net)
-        write_config(workdir, net.server_addr, alias, shares)
-        run("samba-tool", "spn", "add", f"cifs/{net.server_addr}", f"{DC_NAME.upper()}$",
-            f"--configfile={workdir / 'smb.conf'}")
+        write_config(workdir, net.server_addr, alias, shares, multiuser)
+        conf = f"--configfile={workdir / 'smb.conf'}"
+        run("samba-tool", "spn", "add", f"cifs/{net.server_addr}", f"{DC_NAME.upper()}$", conf)
+        users = MULTIUSER_USERS if multiuser else ()
+        for user in users:
+            run("samba-tool", "user", "create", user, PASSWORD, conf)
         server = DomainController(shares, net.server_addr, net, workdir)
         if nfs:
             nfs_principal = f"nfs/{net.server_addr}"
-            run("samba-tool", "spn", "add", nfs_principal, f"{DC_NAME.upper()}$", f"--configfile={workdir / 'smb.conf'}")
-            run("samba-tool", "domain", "exportkeytab", str(server.nfs_keytab), f"--principal={nfs_principal}",
-                f"--configfile={workdir / 'smb.conf'}")
+            run("samba-tool", "spn", "add", nfs_principal, f"{DC_NAME.upper()}$", conf)
+            run("samba-tool", "domain", "exportkeytab", str(server.nfs_keytab), f"--principal={nfs_principal}", conf)
         server.alias = alias
+        server.users = users
         with server.running():
             yield server
 
 
 @contextlib.contextmanager
-def addc_lab(kinds=("btrfs", "xfs"), rate=None):
-    """Yield a Lab of one DC in its own namespace, with one share per kind on a fresh loop filesystem."""
+def addc_lab(kinds=("btrfs", "xfs"), rate=None, multiuser=False):
+    """Yield a Lab of one DC in its own namespace, with one share per kind on a fresh loop filesystem;
+    ``multiuser``: see the module."""
     with contextlib.ExitStack() as stack:
         net = stack.enter_context(server_namespace(rate))
         shares = {}
         for kind in kinds:
             root = stack.enter_context(loop_filesystem(kind))
+            if multiuser:
+                root.parent.chmod(0o711)  # each session's own unix id reaches the share (mkdtemp made it 0700)
             (root / "share").mkdir()
             shares[kind] = (root / "share", kind)
-        yield Lab([stack.enter_context(domain_controller(shares, net))])
+        yield Lab([stack.enter_context(domain_controller(shares, net, multiuser=multiuser))])
 
 
 @contextlib.contextmanager

@@ -14,6 +14,14 @@ builds) there are no symlinks, device nodes, owners or modes: modes come from
 file_mode=/dir_mode=, chmod toggles the read-only attribute (as mount.cifs
 does), chown is accepted and ignored, and xattrs are user.* names stored as
 SMB extended attributes.
+
+With multiuser (client.py) a request goes in its caller's session (_uid),
+and a request on a handle in the session that opened it (``File.uid``),
+whoever sends it: a write behind, a deferred close, a copy.  A handle is
+never lent to another user: not a kept one (closetimeo=), not one borrowed
+for a getattr, setattr or fsync, not the source of a copy; nor are listings
+(their attributes answer lookups for a second) or directory leases, which
+are not asked for.
 """
 import collections
 import errno
@@ -58,6 +66,7 @@ BAD_NAME = re.compile(r'[\\:*?"<>|\x00-\x1f]')
 # 4.17 creates directories deeper than this but answers their rmdir with OBJECT_NAME_INVALID (PATH_MAX, 4096
 # with its NUL), so nothing longer is made or named.  SMB2's own limit, 32767 UTF-16 units, is far beyond.
 MAX_PATH = 4095
+CALLERS = object()  # _send's default: the caller's session
 
 
 class Node:
@@ -94,9 +103,10 @@ class File:
     them; ``lease``: the lease it was opened under (None: a directory).
     """
     __slots__ = ("backend", "node", "access", "file_id", "generation", "create_guid", "lost", "sparse",
-                 "resume_key", "key_generation", "attributes", "lease", "created", "watched")
+                 "resume_key", "key_generation", "attributes", "lease", "created", "watched", "uid")
 
-    def __init__(self, backend, node, access, file_id, generation):
+    def __init__(self, backend, node, access, file_id, generation, uid=None):
+        self.uid = uid  # whose session opened it (multiuser; None: the mount's)
         self.backend = backend
         self.node = node
         self.access = access
@@ -121,6 +131,7 @@ class SMBBackend(Capabilities, Backend):
         self.url = source_url
         self.target = url.parse(source_url, options)
         self.share = self.target.share
+        self.per_user = self.target.multiuser
         self.client = None
         self.nodes = {}  # path -> Node, for every node the filesystem holds
         self.below = {}  # path -> the paths one level below it that are in nodes or have paths below them
@@ -151,20 +162,27 @@ class SMBBackend(Capabilities, Backend):
     def counters(self):
         return {"smb_requests": dict(self.requests), "smb_round_trips": self.round_trips,
                 "smb_handles_kept": len(self.deferred) - len(self.dir_leases), "smb_dir_leases": len(self.dir_leases),
-                "smb_dir_lease_breaks": self.dir_lease_breaks, "smb_posix_sources": int(self.posix)}
+                "smb_dir_lease_breaks": self.dir_lease_breaks, "smb_posix_sources": int(self.posix),
+                "smb_user_sessions": len(self.client.sessions) if self.client is not None else 0}
 
-    async def _send(self, msgs, generation=None, sent=None):
+    def _uid(self):
+        """Whose session the caller's requests go in: theirs with multiuser, unless root; None: the mount's."""
+        uid = CALLER.get().uid
+        return uid if self.target.multiuser and uid != 0 else None
+
+    async def _send(self, msgs, generation=None, uid=CALLERS, sent=None):
         """Every request of the backend goes out here (Client.call), counted for status and logged with -o debug:
-        what a FUSE operation costs in round trips shows right under it in the log."""
+        what a FUSE operation costs in round trips shows right under it in the log.  ``uid``: whose session
+        (see _uid), the caller's unless given."""
         names = [m.command(msg) for msg in msgs]
         self.requests.update(names)
         self.round_trips += 1
         log.debug("   smb %s", "+".join(names))
-        return await self.client.call(self.share, msgs, generation, sent)
+        return await self.client.call(self.share, msgs, generation, self._uid() if uid is CALLERS else uid, sent)
 
-    async def _send1(self, msg, generation=None, what=""):
+    async def _send1(self, msg, generation=None, what="", uid=CALLERS):
         """One request whose failure is an error; its response body."""
-        [(status, body)] = await self._send([msg], generation)
+        [(status, body)] = await self._send([msg], generation, uid)
         if status != errors.SUCCESS:
             raise status_error(status, body, what)
         return body
@@ -181,7 +199,7 @@ class SMBBackend(Capabilities, Backend):
         """The file id of ``file`` on the current connection, its durable handle reconnected after a reconnect."""
         if file.lost:
             raise OSError(errno.EIO, file.lost)
-        await self.client.tree_id(self.share)
+        await self.client.tree_id(self.share, file.uid)
         if file.generation != self.client.generation:
             async with self._reopening:
                 if file.lost:
@@ -225,7 +243,7 @@ class SMBBackend(Capabilities, Backend):
     async def _file_call(self, file, msg):
         """The response body of one request on ``file``'s handle, which must succeed."""
         fid = await self._handle(file)
-        return await self._send1(msg(fid), file.generation, file.node.path or "")
+        return await self._send1(msg(fid), file.generation, file.node.path or "", file.uid)
 
     def _stat(self, a: info.Attributes):
         node = self.by_id.get(a.file_id)
@@ -466,8 +484,8 @@ class SMBBackend(Capabilities, Backend):
         open checks that each name still leads to its file), which a listing
         from before cannot settle.
         """
-        a, expiry = self._listed.pop(path, (None, 0))
-        return a if trio.current_time() < expiry and path not in self.nodes else None
+        a, expiry, uid = self._listed.pop(path, (None, 0, None))
+        return a if trio.current_time() < expiry and path not in self.nodes and uid == self._uid() else None
 
     def identity(self, node, st):
         return node.ino, node.is_dir  # the server's file id, which a file of the other type may get next
@@ -485,7 +503,7 @@ class SMBBackend(Capabilities, Backend):
         """Through a handle where the node has one: an open file keeps its attributes once unlinked."""
         if file is not None:
             return self._stat(await self._file_attributes(file))
-        a = await self._borrowing(None, node, list(node.files)[:1], self._file_attributes)
+        a = await self._borrowing(None, node, self._files_of_caller(node)[:1], self._file_attributes)
         if a is not None:
             return self._stat(a)
         a = await self._by_name(node, self._attributes)
@@ -513,7 +531,7 @@ class SMBBackend(Capabilities, Backend):
             if (size, atime_ns, mtime_ns) == (None, None, None):
                 return await self.getattr(node, file)
             mode = None
-        files = [file] if file is not None else [f for f in node.files if f.access & m.WRITE_DATA]
+        files = [file] if file is not None else [f for f in self._files_of_caller(node) if f.access & m.WRITE_DATA]
         # uid/gid: SMB without unix extensions has no owners to change (mount.cifs ignores them too).
         changes = []
         if size is not None:
@@ -564,16 +582,22 @@ class SMBBackend(Capabilities, Backend):
     async def _give_to_caller(self, path, dir, a):
         """The attributes of ``path``, which we just created as ``a``, made the caller's: new entries belong
         to the user who made them, as on a local filesystem, where the server made them as the share's
-        user (root where the share forces it).  Their group is the caller's, or the directory's where it
-        is setgid.  Only for callers other than root (allow_other mounts): two round trips more, one to
-        see whether the directory is setgid, one to set the owner."""
+        user (root where the share forces it); with multiuser the server made them as the user already.
+        Their group is the caller's, or the directory's where it is setgid.  Only for callers other than
+        root (allow_other mounts): two round trips more, one to see whether the directory is setgid, one
+        to set the owner."""
         caller = CALLER.get()
-        if not self.posix or caller.uid == 0 or (a.uid, a.gid) == (caller.uid, caller.gid):
+        if not self.posix or caller.uid == 0 or self.target.multiuser or (a.uid, a.gid) == (caller.uid, caller.gid):
             return a
         gid = caller.gid
         if dir.path is not None and (await self._stat_path(dir.path)).mode & stat.S_ISGID:
             gid = None
         return await self._set_owner_and_mode(path, caller.uid, gid, None)
+
+    def _files_of_caller(self, node):
+        """The handles of ``node`` that the caller may borrow: those opened in their session."""
+        uid = self._uid()
+        return [f for f in node.files if f.uid == uid]
 
     @staticmethod
     async def _borrowing(file, node, files, use):
@@ -823,7 +847,8 @@ class SMBBackend(Capabilities, Backend):
         elif options & m.NON_DIRECTORY_FILE:
             guid = uuid.uuid4()
             contexts = [m.durable(guid)]
-        conn, _ = await self.client.tree_id(self.share)  # the connection whose listener hears the lease's breaks
+        uid = reconnect.uid if reconnect is not None else self._uid()  # a durable handle's own user reconnects it
+        conn, _ = await self.client.tree_id(self.share, uid)  # the connection whose listener hears the lease's breaks
         generation, listener = self.client.generation, self.client.leases
         if lease is not None:
             contexts.append(lease.context(conn.dialect >= Dialects.SMB_3_0_0, self._parent_key(path)))
@@ -834,7 +859,7 @@ class SMBBackend(Capabilities, Backend):
             msgs.append(m.resume_key())  # any file we may read may be the source of a server-side copy
         with trio.CancelScope(shield=True):
             try:
-                (status, body), (q_status, query), *key = await self._send(msgs, generation)
+                (status, body), (q_status, query), *key = await self._send(msgs, generation, uid)
                 created = wire.CreateResponse.unpack(body) if status == errors.SUCCESS else None
             except BaseException:
                 if lease is not None:
@@ -850,7 +875,7 @@ class SMBBackend(Capabilities, Backend):
                                         retried=True, mode=mode)
             if status != errors.SUCCESS:
                 raise status_error(status, body, path)
-            file = File(self, node, access, created.file_id, generation)
+            file = File(self, node, access, created.file_id, generation, uid)
             file.created = created.create_action == m.FILE_CREATED
             file.lease = lease
             if reconnect is not None or m.DURABLE_V2 in created.contexts:
@@ -883,7 +908,7 @@ class SMBBackend(Capabilities, Backend):
 
     async def _read(self, file, offset, size):
         fid = await self._handle(file)
-        [(status, body)] = await self._send([m.read(fid, offset, size)], file.generation)
+        [(status, body)] = await self._send([m.read(fid, offset, size)], file.generation, file.uid)
         if status == errors.END_OF_FILE:
             return b""
         if status != errors.SUCCESS:
@@ -926,7 +951,8 @@ class SMBBackend(Capabilities, Backend):
         writing, and where none is open, leave the FLUSH out (the data written through handles
         since closed was in the server's hands at their close)."""
         if not file.access & m.WRITE_DATA:
-            file = next((f for f in file.node.files if f.access & m.WRITE_DATA and f.lost is None), None)
+            writable = (f for f in file.node.files if f.access & m.WRITE_DATA and f.lost is None and f.uid == file.uid)
+            file = next(writable, None)
             if file is None:
                 return
         await self._file_call(file, m.flush)
@@ -969,9 +995,10 @@ class SMBBackend(Capabilities, Backend):
         has now; else None (it is closed).  The name is asked, as an open would: Samba does not
         always break the lease's handle caching before another client renames the file (on a share
         without durable handles it does not), and the name may lead to another file now."""
-        file = self._undefer(node)
-        if file is None:
+        kept, _ = self.deferred.get(node, (None, None))
+        if kept is None or kept.uid != self._uid():  # another user's stays kept for them
             return None
+        file = self._undefer(node)
         try:
             a = await self._by_name(node, self._stat_path) if self._may_keep(file) else None
         except BaseException:
@@ -1028,7 +1055,7 @@ class SMBBackend(Capabilities, Backend):
         if file.generation != self.client.generation:
             return  # its connection is gone, and the handle with it
         try:
-            await self._send([m.close(file.file_id)], file.generation)
+            await self._send([m.close(file.file_id)], file.generation, file.uid)
         except ConnectionLost:
             pass
 
@@ -1038,10 +1065,11 @@ class SMBBackend(Capabilities, Backend):
         the STATUS_NO_MORE_FILES that ends it.  Its handle is closed after the listing is answered,
         unless it holds a directory lease (see _hold_listing).  One that asks for a lease takes two:
         the open, then the pages, asked after the watch that comes with the lease (_watch)."""
-        path = _path(node)
-        conn, _ = await self.client.tree_id(self.share)
+        path, uid = _path(node), self._uid()
+        conn, _ = await self.client.tree_id(self.share, uid)
         generation, listener = self.client.generation, self.client.leases
-        lease = self._lease_of(node) if conn.supports_directory_leasing and self.target.dir_cache else None
+        lease = (self._lease_of(node) if conn.supports_directory_leasing and self.target.dir_cache
+                 and not self.target.multiuser else None)
         seen = listener.opening(lease) if lease is not None else None
         # Naming the parent's lease: Samba keeps the parent key of the open that made a lease for every
         # open under it, and our rename of this directory goes under its lease (see _ours).
@@ -1051,7 +1079,7 @@ class SMBBackend(Capabilities, Backend):
             create, queried, *pages = await self._send([
                 self._create(path, m.READ_DATA | m.READ_ATTRIBUTES | m.SYNCHRONIZE, m.OPEN, m.DIRECTORY_FILE,
                              **leasing),
-                self._query_all(), *first_pages], generation)
+                self._query_all(), *first_pages], generation, uid)
         except BaseException:
             if lease is not None:
                 listener.failed(lease)
@@ -1068,7 +1096,7 @@ class SMBBackend(Capabilities, Backend):
         if created is None:
             raise status_error(create[0], what=path)
         fid = created.file_id
-        held = File(self, node, m.READ_DATA, fid, generation)
+        held = File(self, node, m.READ_DATA, fid, generation, uid)
         held.lease = lease
         found = []  # (name, path, Attributes) of each entry
         seen = _Pages(f"{self.client.where}: listing of {path or 'the share'}",
@@ -1084,7 +1112,7 @@ class SMBBackend(Capabilities, Backend):
                 if lease.state & m.LEASE_READ:
                     await self._watch(held)
                 pages = await self._send([self._list_page(fid, m.RESTART_SCAN), self._list_page(m.RELATED, 0)],
-                                         generation)
+                                         generation, uid)
             while True:
                 status, body = pages.pop(0)
                 if status == errors.NO_MORE_FILES:
@@ -1094,10 +1122,9 @@ class SMBBackend(Capabilities, Backend):
                 for name, a in seen.entries(wire.QueryResponse.buffer(body)):
                     if name not in (".", ".."):
                         found.append((name, f"{path}\\{name}" if path else name, a))
-                        self._listed[found[-1][1]] = (a, expiry)
+                        self._listed[found[-1][1]] = (a, expiry, uid)
                 if not pages:
-                    pages = await self._send(
-                        [self._list_page(fid, 0)], generation)
+                    pages = await self._send([self._list_page(fid, 0)], generation, uid)
             await self._read_devices([(p, a) for _, p, a in found])
         except BaseException:
             trio.lowlevel.spawn_system_task(self._close_listing, held)
@@ -1238,8 +1265,9 @@ class SMBBackend(Capabilities, Backend):
             await self.client.release()
             self.client = None
 
-    def _same_connection(self, src_file):
-        return isinstance(src_file, File) and src_file.backend.client is self.client
+    def _same_connection(self, src_file, dst_file):
+        """Whether the server finds ``src_file`` from a request on ``dst_file``: same connection and session."""
+        return isinstance(src_file, File) and src_file.backend.client is self.client and src_file.uid == dst_file.uid
 
     async def _set_size(self, file, size):
         eof = info.FileEndOfFileInformation(size).pack()
@@ -1250,7 +1278,7 @@ class SMBBackend(Capabilities, Backend):
         fid = await self._handle(file)
         if generation is not None and generation != file.generation:
             raise ConnectionLost("the two files are on different connections after a reconnect")
-        [(status, body)] = await self._send([msg(fid)], file.generation)
+        [(status, body)] = await self._send([msg(fid)], file.generation, file.uid)
         return status, body
 
 

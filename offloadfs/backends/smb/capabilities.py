@@ -78,7 +78,7 @@ class Capabilities:
             file.watched = True
             try:
                 try:
-                    [(status, _)] = await self._send([notify], file.generation, sent)
+                    [(status, _)] = await self._send([notify], file.generation, file.uid, sent)
                 finally:
                     file.watched = False
                     sent.set()
@@ -187,7 +187,7 @@ class Capabilities:
         self._listed.clear()
         if not self.can_clone:
             raise NotSupported("the share cannot duplicate extents")
-        if not self._same_connection(src_file) or src_file.backend.share != self.share:
+        if not self._same_connection(src_file, dst_file) or src_file.backend.share != self.share:
             raise NotSupported("Samba finds the source handle only on the destination's share")
         if src_offset % self.clone_align or dst_offset % self.clone_align:
             raise NotSupported("offsets not 4 KiB aligned")
@@ -216,8 +216,8 @@ class Capabilities:
         or copies less cuts the count there (the caller goes on from it).
         """
         self._listed.clear()
-        if not self._same_connection(src_file):
-            raise NotSupported("source on another connection")
+        if not self._same_connection(src_file, dst_file):
+            raise NotSupported("source on another connection or in another user's session")
         if self.can_clone and not src_file.backend.can_clone:
             # Samba's vfs_btrfs looks another share's resume key up in its own table,
             # and crashes the connection's process if that table was never made.

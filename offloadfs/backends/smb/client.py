@@ -1,4 +1,4 @@
-"""One SMB connection and session driven from trio, shared by every share of one server and user.
+"""One SMB connection and its sessions driven from trio, shared by every share of one server and user.
 
 smbprotocol's Connection receives in its own worker thread, which sets a
 threading.Event on each Request.  Small requests are framed and signed in the
@@ -26,9 +26,24 @@ before: the server keys leases by it, and a durable handle's reconnect names
 its lease.  After a server stopped answering it gets a new one: Samba hands a
 new connection with a known GUID to the process that served the old one,
 which would be the hung one we left (its durable handles are then lost).
+
+With multiuser (-o multiuser, Kerberos only) each local user but root gets a
+session of their own on the connection, as mount.cifs's: set up at their first
+request from the ticket in /tmp/krb5cc_UID (where cifs.upcall looks; the
+file must be theirs), with tree connects of its own.  Their requests go in
+that session, so the server checks the user's own rights.  A user it cannot
+be set up for (no cache, an expired ticket) gets EACCES, never the mount's
+session; the reason is logged once per uid.  A user's session whose ticket
+expired is renewed from their cache, as the mount's is; until it can be
+(they kinit), their requests get EACCES.  Sessions go with their
+connection and are set up again at the user's next request after a
+reconnect.  Root (uid 0), and the daemon's own work, use the mount's session.
 """
+import dataclasses
+import errno
 import logging
 import math
+import os
 import socket
 import time
 import uuid
@@ -137,16 +152,18 @@ class Client:
         self.key = key
         self.token = trio.lowlevel.current_trio_token()
         self.conn = None
-        self.session = None
+        self.session = None  # the mount's own
+        self.sessions = {}  # uid -> that user's Session on the current connection (multiuser)
         self.leases = None  # the current connection's leases.Listener
-        self.trees = {}  # share -> tree id on the current connection
+        self.trees = {}  # (uid, share) -> tree id on the current connection; uid None: the mount's session
         self.generation = 0  # bumped per connection: handles of older ones are gone
         self.guid = uuid.uuid4()  # the client GUID of our connections; a new one after a hang (see the module)
         self.io_size = CREDIT_SIZE  # largest READ/WRITE, set from the server's limits and our credits
         self.users = 0
         self._lock = trio.Lock()
         self._renewing = trio.Lock()  # one re-authentication at a time
-        self._renewals = 0  # sessions renewed after they expired
+        self._renewals = {}  # uid (None: the mount's) -> its session's renewals after it expired
+        self._refused = {}  # uid -> why their session could not be set up, as last logged
         # The thread that finishes a message half sent from the trio thread (LeanSend.try_now): one at a
         # time, as it holds the socket, and never behind the threads waiting for the socket.
         self._finishing = trio.CapacityLimiter(1)
@@ -189,6 +206,7 @@ class Client:
         """Connect, log on and get credits; errors say what failed, never with the password."""
         self.conn = None
         self.trees = {}
+        self.sessions = {}
         conn = GuardedConnection(self.guid, self.target.host, self.target.port, require_signing=True)
         conn.want_posix = self.target.posix is not False
         conn.client_capabilities |= Capabilities.SMB2_GLOBAL_CAP_DIRECTORY_LEASING  # see SMBBackend._hold_listing
@@ -232,9 +250,10 @@ class Client:
             raise self._setup_failed("the first echo", e) from None
         return session
 
-    def _log_on(self, conn):
-        """smbprotocol's Session, set up with the credentials auth.credential picks from the mount options."""
-        t = self.target
+    def _log_on(self, conn, t=None):
+        """smbprotocol's Session, set up with the credentials auth.credential picks from Target ``t`` (the
+        mount's, unless a user's)."""
+        t = t or self.target
         user, password, protocol = auth.credential(t)
         session = Session(conn, user, password, require_encryption=t.seal, auth_protocol=protocol)
         try:
@@ -242,16 +261,17 @@ class Client:
             if session.encrypt_data:
                 conn.verify_logon(session)
         except Exception as e:
-            raise self._logon_failed(e) from None
+            raise self._logon_failed(e, t) from None
         return session
 
-    def _logon_failed(self, e):
-        """The ConnectionLost for a failed logon: Kerberos failures in one line of what to do."""
-        line = kerberos.failure(e) if self.target.sec == "krb5" else None
+    def _logon_failed(self, e, t=None):
+        """The ConnectionLost for a failed logon with Target ``t``: Kerberos failures in one line of what to do."""
+        t = t or self.target
+        line = kerberos.failure(e) if t.sec == "krb5" else None
         if line:
-            return ConnectionLost(f"Kerberos logon as {auth.who(self.target)} to {self.where} failed: {line}")
+            return ConnectionLost(f"Kerberos logon as {auth.who(t)} to {self.where} failed: {line}")
         logon = isinstance(e, SMBResponseException) and e.status == errors.LOGON_FAILURE
-        whom = f" for user {auth.who(self.target)}"
+        whom = f" for user {auth.who(t)}"
         return self._setup_failed("logon failure" if logon else "session setup", e, whom)
 
     def _setup_failed(self, what, e, whom=""):
@@ -264,11 +284,12 @@ class Client:
             return ConnectionLost(f"{what}{whom} on {self.where} (NTSTATUS 0x{e.status:08X})")
         return ConnectionLost(f"{what}{whom} on {self.where} failed: {self.scrub(describe(e))}")
 
-    async def tree_id(self, share):
-        """(connection, tree id) for ``share``, connecting both as needed."""
+    async def tree_id(self, share, uid=None):
+        """(connection, tree id) for ``share`` in the session of ``uid`` (None: the mount's), connecting,
+        logging on and connecting the tree as needed."""
         conn = self.conn
-        if conn is not None and conn.transport.connected and share in self.trees:
-            return conn, self.trees[share]
+        if conn is not None and conn.transport.connected and (uid, share) in self.trees:
+            return conn, self.trees[uid, share]
         failures = self._failures
         async with self._lock:
             if self.conn is not None and not self.conn.transport.connected:
@@ -291,16 +312,55 @@ class Client:
                     self._log_failure("%s", e.strerror)
                     raise
             conn = self.conn
-            if share not in self.trees:
-                tree = TreeConnect(self.session, f"\\\\{self.target.host}\\{share}")
+            if (uid, share) not in self.trees:
+                session = self.session if uid is None else await self._user_session(conn, uid)
+                tree = TreeConnect(session, f"\\\\{self.target.host}\\{share}")
                 try:
                     await self._blocking(conn, tree.connect)
                 except SMBResponseException as e:
                     raise status_error(e.status, what=f"share {share} on {self.where}") from None
                 except Exception as e:
                     raise self._lost(conn, self._setup_failed(f"share {share}", e).strerror) from None
-                self.trees[share] = tree.tree_connect_id
-            return conn, self.trees[share]
+                self.trees[uid, share] = tree.tree_connect_id
+            return conn, self.trees[uid, share]
+
+    def user_target(self, uid):
+        """The Target a user's session logs on with: their own cache, nothing of the mount's credentials."""
+        return dataclasses.replace(self.target, username="", domain="", password=None, keytab=None,
+                                   ccache=f"FILE:/tmp/krb5cc_{uid}")
+
+    async def _user_session(self, conn, uid):
+        """The session of ``uid`` on ``conn``, set up now if it has none (under self._lock); EACCES if it
+        cannot be (the connection's own failures stay ConnectionLost)."""
+        session = self.sessions.get(uid)
+        if session is not None:
+            return session
+        cache = f"/tmp/krb5cc_{uid}"
+        try:
+            owner = os.stat(cache).st_uid
+        except FileNotFoundError:
+            raise self._refuse(uid, f"no credential cache {cache}: run kinit") from None
+        if owner != uid:
+            raise self._refuse(uid, f"{cache} belongs to uid {owner}, not to the user")
+        target = self.user_target(uid)
+        try:
+            session = await self._blocking(conn, self._log_on, conn, target)
+        except ConnectionLost as e:
+            if conn.transport.connected:
+                raise self._refuse(uid, e.strerror) from None
+            raise
+        self.sessions[uid] = session
+        self._refused.pop(uid, None)
+        log.info("uid %d: session on %s as %s", uid, self.where, auth.who(target))
+        return session
+
+    def _refuse(self, uid, why):
+        """The EACCES for a user whose session cannot be set up; logged once per uid and reason."""
+        if self._refused.get(uid) != why:
+            self._refused[uid] = why
+            log.warning("uid %d gets EACCES on %s: %s", uid, self.where, why)
+        return PermissionError(errno.EACCES, f"no session for uid {uid}: {why}")
+
 
     def _back_off(self):
         self._delay = min(RECONNECT_DELAY_MAX, max(RECONNECT_DELAY_MIN, 2 * self._delay))
@@ -340,8 +400,9 @@ class Client:
 
     # -- requests -------------------------------------------------------------------
 
-    async def call(self, share, messages, generation=None, sent=None):
-        """Send one request, or a related compound of several; [(status, body)] in order.
+    async def call(self, share, messages, generation=None, uid=None, sent=None):
+        """Send one request, or a related compound of several, in the session of ``uid`` (None: the
+        mount's); [(status, body)] in order.
 
         A request the server refused unprocessed because the session's ticket
         had expired goes again once the session is set up anew (auth.reauthenticate).
@@ -349,29 +410,36 @@ class Client:
         (CHANGE_NOTIFY): set once the request is on the wire, and the answer is awaited with no
         deadline (the connection's loss still ends the wait).
         """
-        renewals = self._renewals
-        results = await self._call(share, messages, generation, sent)
+        renewals = self._renewals.get(uid, 0)
+        results = await self._call(share, messages, generation, uid, sent)
         if any(status == errors.NETWORK_SESSION_EXPIRED for status, _ in results):
-            await self._reauthenticate(renewals)
-            results = await self._call(share, messages, generation, sent)
+            await self._reauthenticate(renewals, uid)
+            results = await self._call(share, messages, generation, uid, sent)
         return results
 
-    async def _reauthenticate(self, renewals):
-        """Renew the session, unless another request did since ours went (``renewals``: the count then)."""
+    async def _reauthenticate(self, renewals, uid):
+        """Renew the session, unless another request did since ours went (``renewals``: the count then).
+        A user's that cannot be renewed stays, expired: EACCES until a renewal after their kinit, which
+        keeps their handles."""
         async with self._renewing:
             conn = self.conn
-            if self._renewals != renewals or conn is None:
+            session = self.session if uid is None else self.sessions.get(uid)
+            if self._renewals.get(uid, 0) != renewals or conn is None or session is None:
                 return
+            target = self.target if uid is None else self.user_target(uid)
             try:
-                await self._blocking(conn, auth.reauthenticate, conn, self.session, self.target, self.target.host)
+                await self._blocking(conn, auth.reauthenticate, conn, session, target, self.target.host)
             except ConnectionLost:
                 raise
             except Exception as e:
-                raise self._lost(conn, f"session expired, and renewing it failed: {self._logon_failed(e).strerror}")
-            self._renewals += 1
-            log.info("session on %s expired: renewed as %s", self.where, auth.who(self.target))
+                why = f"session expired, and renewing it failed: {self._logon_failed(e, target).strerror}"
+                if uid is None:
+                    raise self._lost(conn, why) from None
+                raise self._refuse(uid, why) from None
+            self._renewals[uid] = renewals + 1
+            log.info("session on %s expired: renewed as %s", self.where, auth.who(target))
 
-    async def _call(self, share, messages, generation=None, sent=None):
+    async def _call(self, share, messages, generation=None, uid=None, sent=None):
         """Send and wait, as call() says, once.
 
         ``generation``: the connection the request's handles (or resume key)
@@ -380,7 +448,8 @@ class Client:
         breaks or the deadline passes before every response is in.  The caller
         checks the statuses.
         """
-        conn, tid = await self.tree_id(share)
+        conn, tid = await self.tree_id(share, uid)
+        sid = (self.session if uid is None else self.sessions[uid]).session_id
         if generation is not None and generation != self.generation:
             raise ConnectionLost(f"reconnected to {self.where}; the handle is gone")
         timeout = IO_TIMEOUT
@@ -393,7 +462,7 @@ class Client:
                 self._timed_out(conn, timeout)
         credit_request = self._credit_request(conn, charge)
         if sum(len(m) for m in messages) <= INLINE_SEND:
-            arrivals, data = self._frame(conn, messages, tid, credit_request)
+            arrivals, data = self._frame(conn, messages, sid, tid, credit_request)
             rest = self._sending(conn, conn.sender.try_now, data)
             if rest is not None:
                 finish, holds_lock = rest
@@ -402,7 +471,8 @@ class Client:
         else:
             self._reserved += charge  # until the worker has taken its message ids
             try:
-                arrivals = await self._in_thread(conn, deadline, self._send_sync, conn, messages, tid, credit_request)
+                arrivals = await self._in_thread(conn, deadline, self._send_sync, conn, messages, sid, tid,
+                                                credit_request)
             finally:
                 self._reserved -= charge
         if sent is not None:
@@ -440,18 +510,17 @@ class Client:
         self.guid = uuid.uuid4()  # not to the hung process again (see the module)
         raise self._lost(conn, f"did not answer in {timeout} s")
 
-    def _frame(self, conn, messages, tid, credit_request):
+    def _frame(self, conn, messages, sid, tid, credit_request):
         """(An _Arrival for each message, the bytes that send them): GuardedConnection.frame, errors as ConnectionLost."""
-        sid = next(iter(conn.session_table), None)
-        if sid is None:
+        if sid not in conn.session_table:
             raise ConnectionLost(f"connection to {self.where} lost: no session")
         requests, data = self._sending(conn, conn.frame, messages, sid, tid, credit_request, len(messages) > 1,
                                        lambda request: _Arrival(self.token, conn, request, self._credits_arrived))
         return [r.response_event for r in requests], data
 
-    def _send_sync(self, conn, messages, tid, credit_request):
+    def _send_sync(self, conn, messages, sid, tid, credit_request):
         """Frame and send in a worker thread (a large write: signing it takes milliseconds); the arrivals."""
-        arrivals, data = self._frame(conn, messages, tid, credit_request)
+        arrivals, data = self._frame(conn, messages, sid, tid, credit_request)
         self._sending(conn, conn.sender, data)
         return arrivals
 
@@ -489,6 +558,7 @@ class Client:
         if self.conn is conn:
             self.conn = None
             self.trees = {}
+            self.sessions = {}
         sock = getattr(conn.transport, "_sock", None)
         if sock is not None:
             try:
@@ -502,8 +572,12 @@ class Client:
         if conn is None:
             return
         with trio.move_on_after(5):
-            # Logging off closes every handle on the server; the socket closes either way.
-            await trio.to_thread.run_sync(conn.disconnect, True, 5, abandon_on_cancel=True)
+            # Logging off closes every handle on the server; the socket closes either way, whatever the
+            # server answers (Samba 4.17 may refuse a tree disconnect: ACCESS_DENIED).
+            try:
+                await trio.to_thread.run_sync(conn.disconnect, True, 5, abandon_on_cancel=True)
+            except Exception as e:
+                log.debug("logging off %s: %s", self.where, self.scrub(describe(e)))
         self._shutdown(conn)
 
 

@@ -163,6 +163,11 @@ class GuardedConnection(Connection):
     a reply that poses as a SESSION_SETUP one is verified too.  Decrypted
     replies were authenticated by AES-GCM/CCM and pass.
 
+    A compound sent on an expired session (a user's under multiuser, or the mount's) comes back with
+    STATUS_NETWORK_SESSION_EXPIRED in its first reply, signed, and Samba 4.17 signs the related replies
+    after it wrong: those pass unverified.  Client.call sends the whole compound again after
+    re-authenticating, or fails it, so nothing they say is ever used.
+
     The length in front of each reply is not covered by any signature:
     smbprotocol allocated whatever it said (0xFFFFFFFF: 4 GiB).  Frames over
     what the server may send are refused before anything is allocated.
@@ -253,15 +258,16 @@ class GuardedConnection(Connection):
                     transform.unpack(bytes(frame))
                     frame = self._decrypt(transform)
                 frame = memoryview(frame)  # each message in place: a READ's data goes on as a view of it
-                start = 0
+                start, expired = 0, False
                 while True:
                     if len(frame) - start < HEADER_SIZE:
                         raise _Refused(f"a {len(frame) - start}-byte reply, shorter than an SMB2 header")
-                    next_command = REPLY.unpack_from(frame, start)[7]
+                    _, _, _, status, _, _, flags, next_command, *_ = REPLY.unpack_from(frame, start)
                     end = start + next_command if next_command else len(frame)
                     if next_command and (next_command < HEADER_SIZE or end > len(frame)):
                         raise _Refused(f"a compound reply whose next message is at {next_command}, past its end")
-                    self._arrived(frame[start:end], encrypted)
+                    self._arrived(frame[start:end], encrypted, expired and bool(flags & RELATED))
+                    expired = expired or status == errors.NETWORK_SESSION_EXPIRED
                     if not next_command:
                         break
                     start = end
@@ -281,8 +287,9 @@ class GuardedConnection(Connection):
         for sid in tuple(self.session_table):
             self.send(SMB2Echo(), sid=sid).message["reserved"] = 1  # marks it as our keep-alive
 
-    def _arrived(self, b, encrypted):
-        """One reply, ``b`` from its header to the next one's: checked, its credits counted, handed to its Request."""
+    def _arrived(self, b, encrypted, unverified=False):
+        """One reply, ``b`` from its header to the next one's: checked (unless ``unverified``: see the class),
+        its credits counted, handed to its Request."""
         protocol, _, _, status, command, credits, flags, _, mid, _, session_id, _ = REPLY.unpack_from(b)
         if protocol != PROTOCOL:
             raise _Refused("a reply that is not SMB2")
@@ -291,7 +298,7 @@ class GuardedConnection(Connection):
         sent = _command(request)
         if sent != Commands.SMB2_SESSION_SETUP:
             session_id = request.session_id  # 3.2.5.1.2: the session of the request, not what the reply says
-        if not encrypted:
+        if not encrypted and not unverified:
             self._verify(b, session_id)
         if credits == 0 and not self.supports_multi_credit:
             credits = 1  # the window moves all the same

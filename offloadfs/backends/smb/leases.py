@@ -218,7 +218,8 @@ class Listener:
 
     async def _acknowledge(self, lease, state):
         try:
-            await lease.backend._send([m.lease_break_ack(lease.key, state)], self.generation)
+            # In the mount's session: the server keys leases by connection (client GUID), not session.
+            await lease.backend._send([m.lease_break_ack(lease.key, state)], self.generation, None)
         except OSError as e:
             # The connection went, or the handles were closed meanwhile: the lease went with them.
             log.debug("lease break not acknowledged: %s", e)

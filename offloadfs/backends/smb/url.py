@@ -18,7 +18,8 @@ from .. import SourceError
 from . import auth
 
 OPTIONS = frozenset({"credentials", "username", "domain", "file_mode", "dir_mode", "seal", "vers", "port",
-                     "closetimeo", "dir_cache_timeout", "posix", "noposix", "sec", "cruid", "keytab"})
+                     "closetimeo", "dir_cache_timeout", "posix", "noposix", "sec", "cruid", "keytab",
+                     "multiuser"})
 # mount.cifs options we take in another form
 _PASSWORD_HINT = "the password goes in a credentials=FILE (a password= line, mode 0600) or in $PASSWD"
 HINTS = {"user": "use username=NAME", "password": _PASSWORD_HINT, "pass": _PASSWORD_HINT}
@@ -59,6 +60,7 @@ class Target:
     sec: str = "ntlmssp"  # "krb5" or "ntlmssp" (auth.SECURITY)
     ccache: str | None = None  # the Kerberos credential cache ("TYPE:residual"); None: the library's default
     keytab: str | None = None  # keytab= : log on as the principal in username= with its key, no cache
+    multiuser: bool = False  # each local user but root in a session of their own (client.py)
 
     @property
     def unc(self):
@@ -117,11 +119,16 @@ def parse(url, options, environ=os.environ):
     dir_cache = _number(options, "dir_cache_timeout", 10)
     if dir_cache is not None and dir_cache < 0:
         raise ValueError(f"dir_cache_timeout={dir_cache}: seconds, 0 or more")
+    multiuser = options.get("multiuser", False)
+    if multiuser is not True and multiuser is not False:
+        raise ValueError("multiuser takes no value")
+    if multiuser and sec != "krb5":
+        raise ValueError("multiuser needs Kerberos (sec=krb5): each user logs on with their own ticket")
     return Target(host=host, port=port, share=names[0], path="\\".join(names[1:]), username=user or "",
                   domain=domain or "", password=password, dialect=DIALECTS[vers], seal=seal,
                   file_mode=_mode(options, "file_mode", 0o755), dir_mode=_mode(options, "dir_mode", 0o755),
                   close_after=close_after or 0, dir_cache=dir_cache or 0, posix=posix, sec=sec, ccache=ccache,
-                  keytab=keytab)
+                  keytab=keytab, multiuser=multiuser)
 
 
 def _posix(options, dialect):
