@@ -82,6 +82,31 @@ def test_only_async_interim_replies_go_unverified():
         conn._verify(reply(conn, status=errors.PENDING, sign=False).pack(), SESSION)
 
 
+@pytest.mark.parametrize("encrypt", [False, True], ids=["signing", "encrypting"])
+def test_an_echo_answered_outside_the_session_passes(encrypt):
+    """ksmbd 6.1 answers an ECHO without looking its session up: not signed (flag clear, the request's
+    signature copied back) and not encrypted, whatever the session does."""
+    conn = connection(encrypt, sent=Commands.SMB2_ECHO)
+    header = reply(conn, command=Commands.SMB2_ECHO, sign=False)
+    header["signature"] = os.urandom(16)
+    conn._verify(header.pack(), SESSION)
+
+
+@pytest.mark.parametrize("command", [Commands.SMB2_ECHO, Commands.SMB2_READ])
+def test_a_reply_that_says_it_is_signed_is_verified_even_to_an_echo(command):
+    conn = connection(sent=Commands.SMB2_ECHO)
+    header = reply(conn, command=command)
+    header["signature"] = os.urandom(16)
+    with pytest.raises(smbconn._Refused, match="signature does not match"):
+        conn._verify(header.pack(), SESSION)
+
+
+def test_only_an_echo_may_come_back_unsigned():
+    conn = connection()  # a READ sent
+    with pytest.raises(smbconn._Refused, match="signature does not match"):
+        conn._verify(reply(conn, command=Commands.SMB2_ECHO, sign=False).pack(), SESSION)
+
+
 def test_a_frame_longer_than_the_server_may_send_is_refused_before_reading_it():
     conn = connection()
     conn.max_read_size = conn.max_write_size = conn.max_transact_size = 8 << 20

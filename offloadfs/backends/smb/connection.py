@@ -158,7 +158,10 @@ class GuardedConnection(Connection):
     plaintext reply on a session that encrypts.  MS-SMB2 3.2.5.1.3: once a
     session signs, every reply is verified except interim STATUS_PENDING ones
     (async; they carry no result) and oplock/lease breaks (message id all ones, session 0: leases.Listener
-    takes lease breaks; a forged one only makes us drop a cache and give a lease up).  Which request a
+    takes lease breaks; a forged one only makes us drop a cache and give a lease up).  ksmbd (Linux
+    6.1) answers an ECHO without looking up its session: neither signed (flag clear, the request's
+    signature copied back) nor encrypted, so an ECHO's reply that does not say it is signed passes:
+    it carries no data, only credits, which the server polices itself.  Which request a
     reply answers is taken from the request we sent, never from the reply, so
     a reply that poses as a SESSION_SETUP one is verified too.  Decrypted
     replies were authenticated by AES-GCM/CCM and pass.
@@ -335,6 +338,8 @@ class GuardedConnection(Connection):
         if sent in (Commands.SMB2_NEGOTIATE, Commands.SMB2_SESSION_SETUP) and (
                 not flags & SIGNED or status == errors.PENDING or command == Commands.SMB2_SESSION_SETUP):
             return  # before the session has keys; a logon's last reply is checked once it has (verify_logon)
+        if sent == Commands.SMB2_ECHO and not flags & SIGNED:
+            return  # ksmbd's answer: outside the session (see the class docstring)
         session = self.session_table.get(session_id)
         if session is None or session.signing_key is None:
             raise _Refused(f"a reply for session {session_id}, which has no keys")
