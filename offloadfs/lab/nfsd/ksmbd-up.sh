@@ -5,6 +5,10 @@
 # Leases on (off by default); signing and encryption as the client asks.
 
 set -e
+# No file leases, so no NFS delegations: the tests' view of the export reads over NFS, and a
+# delegation it held would make ksmbd's renames and unlinks fail (ksmbd does not wait for a
+# delegation's recall: EACCES). ksmbd's own oplocks and leases are not file leases.
+echo 0 > /proc/sys/fs/leases-enable
 echo "root:x:0:0:root:/:/bin/sh
 $smb_user:x:1000:1000::/:/bin/sh" > /etc/passwd
 echo "root:x:0:
