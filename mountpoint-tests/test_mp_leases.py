@@ -26,7 +26,7 @@ from offloadfs.cli import read_status
 from offloadfs.lab.mount import offloadfs_mount, status
 
 # The labs' two share configurations, Samba's defaults and durable handles, on 4.17 and on 4.22.
-PLACES = ["smb-ext4", "smb-ext4-durable", "smb422-xfs", "smb422-xfs-durable"]
+PLACES = ["smb-ext4", "smb-ext4-durable", "smb422-xfs", "smb422-xfs-durable", "ksmbd-xfs"]
 SIZE = MiB
 LONG = ["attr_timeout=3600", "entry_timeout=3600"]
 KEEP = "closetimeo=3600"  # handles kept open (off by default) until something closes them, not the clock

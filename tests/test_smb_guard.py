@@ -82,12 +82,13 @@ def test_only_async_interim_replies_go_unverified():
         conn._verify(reply(conn, status=errors.PENDING, sign=False).pack(), SESSION)
 
 
+@pytest.mark.parametrize("sent", [Commands.SMB2_ECHO, Commands.SMB2_OPLOCK_BREAK], ids=["echo", "lease-break-ack"])
 @pytest.mark.parametrize("encrypt", [False, True], ids=["signing", "encrypting"])
-def test_an_echo_answered_outside_the_session_passes(encrypt):
-    """ksmbd 6.1 answers an ECHO without looking its session up: not signed (flag clear, the request's
-    signature copied back) and not encrypted, whatever the session does."""
-    conn = connection(encrypt, sent=Commands.SMB2_ECHO)
-    header = reply(conn, command=Commands.SMB2_ECHO, sign=False)
+def test_an_echo_or_a_break_ack_answered_unsigned_passes(encrypt, sent):
+    """ksmbd answers an ECHO without looking its session up (not signed: flag clear, the request's
+    signature copied back; not encrypted), and signs no reply to a lease break acknowledgment."""
+    conn = connection(encrypt, sent=sent)
+    header = reply(conn, command=sent, sign=False)
     header["signature"] = os.urandom(16)
     conn._verify(header.pack(), SESSION)
 
@@ -101,7 +102,7 @@ def test_a_reply_that_says_it_is_signed_is_verified_even_to_an_echo(command):
         conn._verify(header.pack(), SESSION)
 
 
-def test_only_an_echo_may_come_back_unsigned():
+def test_only_an_echo_or_a_break_ack_may_come_back_unsigned():
     conn = connection()  # a READ sent
     with pytest.raises(smbconn._Refused, match="signature does not match"):
         conn._verify(reply(conn, command=Commands.SMB2_ECHO, sign=False).pack(), SESSION)
