@@ -1,7 +1,7 @@
 """ksmbd, Linux's in-kernel SMB server, in the nfsd guest (issue #32).
 
-The same guest, booted with lab.ksmbd=Y and a newer kernel (kernel()), serves its /export over SMB too:
-ksmbd.ko and the crypto modules it asks for by name (there is no modprobe
+The same guest, booted with lab.ksmbd=Y and a newer kernel (kernel()),
+serves its /export over SMB too: ksmbd.ko and the crypto modules it asks for by name (there is no modprobe
 in the guest to load them on demand), and ksmbd-tools' ksmbd.mountd, the
 user space half that reads the config and the users' passwords. ksmbd-tools
 is a dynamic binary: it travels with the shared libraries it needs, found
