@@ -303,9 +303,7 @@ CONFIGS = [
     ("smb-btrfs", ()), ("smb-btrfs", ("writeback_cache",)), ("smb422-btrfs", ()),
     ("nfs-ganesha", ()), ("nfs-ganesha", ("writeback_cache",)),
     ("nfsd", ()), ("nfsd", ("writeback_cache",)),
-    # Not ksmbd-xfs with writeback_cache: the kernel then reads past the end of file, and ksmbd 6.12
-    # answers such a READ END_OF_FILE with a signature that does not verify, which ends the connection.
-    ("ksmbd-xfs", ()),
+    ("ksmbd-xfs", ()), ("ksmbd-xfs", ("writeback_cache",)),
 ]
 
 
