@@ -7,8 +7,8 @@ Samba lab: started on first use, shared by the session.
 
 Tests that should hold wherever the files live take `mount_on(where)`, where
 is "local-KIND" (a loop filesystem of that kind), "smb-KIND" (a Samba 4.17
-share on one), "smb422-btrfs" or "smb422-xfs" (a Samba 4.22 share),
-"nfs-ganesha" or "nfsd" (an NFS export, see nfskit).
+share on one), "smb422-btrfs" or "smb422-xfs" (a Samba 4.22 share), "ksmbd-xfs"
+(ksmbd's share, see smbkit), "nfs-ganesha" or "nfsd" (an NFS export, see nfskit).
 """
 
 import os
@@ -102,6 +102,16 @@ def smb422():
         yield lab
 
 
+@pytest.fixture(scope="session")
+def ksmbd():
+    """A smbkit.KsmbdLab: ksmbd in an nfsd guest, its share "xfs" (reflink on)."""
+    why = nfskit.missing_tools()
+    if why:
+        pytest.skip(why)
+    with smbkit.ksmbd_lab() as lab:
+        yield lab
+
+
 def _nfs_lab(start):
     why = nfskit.missing_tools()
     if why:
@@ -139,7 +149,7 @@ def mount_on(request, backing):
 
     where is "local-KIND" (a loop filesystem of that kind), "smb-KIND" (the
     lab's share on one), "smb2-KIND" (the same on the lab's second server),
-    "smb422-btrfs", "smb422-xfs" or "smb422-xfs-durable" (a share of the Samba 4.22 lab),
+    "smb422-btrfs", "smb422-xfs" or "smb422-xfs-durable" (a share of the Samba 4.22 lab), "ksmbd-xfs",
     "nfs-ganesha", "nfsd" or "nfsd-reflink" (a directory in that server's
     export; its backing is the view nfskit describes).
     """
@@ -174,7 +184,7 @@ def mount_on(request, backing):
                 return Mount(mountpoint, path, nfskit.CANNOT[where], nfskit.TIME_STEP_NS)
             labs = []  # the SmbLabs serving the mount's places
             for w in wheres:
-                if w.startswith("smb") and (lab := smbkit.place(request, w)[0]) not in labs:
+                if w.split("-")[0] in smbkit.HOSTS and (lab := smbkit.place(request, w)[0]) not in labs:
                     labs.append(lab)
             if not labs:
                 return Mount(stack.enter_context(offloadfs_mount(source, options=options)), path)
@@ -186,6 +196,8 @@ def mount_on(request, backing):
                     lab.wait_closed(path)
 
             cannot = smbkit.POSIX_CANNOT if {w.split("-")[0] for w in wheres} == {"smb422"} else smbkit.CANNOT
+            if any(w.startswith("ksmbd-") for w in wheres):
+                cannot = smbkit.KSMBD_CANNOT
             return Mount(mountpoint, path, cannot, smbkit.TIME_STEP_NS, wait_closed)
 
         yield make

@@ -10,6 +10,10 @@ checked without going through SMB.
 A second lab, of one Samba 4.22 server (offloadfs.lab.samba.SAMBA_422) with a
 btrfs and an xfs share, offers the SMB 3.1.1 POSIX extensions and directory
 leases.
+
+"ksmbd-xfs" is Linux's in-kernel SMB server (ksmbd, the kernel ksmbd.kernel() picks) sharing the xfs
+disk (reflink on) of an nfsd guest (offloadfs.lab.nfsd): the server-side
+directory there is that guest's NFS export, seen through nfskit's view.
 """
 
 import contextlib
@@ -19,7 +23,10 @@ import time
 import uuid
 from pathlib import Path
 
-from offloadfs.lab.samba import SAMBA_417, samba_lab
+import nfskit
+
+from offloadfs.lab.nfsd import ksmbd, nfsd_lab
+from offloadfs.lab.samba import SAMBA_417, USER, samba_lab, write_credentials
 
 KINDS = ("btrfs", "xfs", "ext4")
 
@@ -44,12 +51,25 @@ POSIX_CANNOT = {
     "posix_acl": CANNOT["posix_acl"],
 }
 
+# What a mount of ksmbd's share cannot do, besides CANNOT (measured on 6.12.95, see KsmbdLab).
+KSMBD_CANNOT = {
+    **CANNOT,
+    "xattr": "ksmbd 6.12 refuses our compound CREATE+QUERY_INFO(FULL_EA, one name, 64 KiB out)+CLOSE: "
+             "INVALID_PARAMETER on the CREATE, in a reply whose NextCommand points past its frame, which "
+             "ends the connection (4 KiB out is answered)",
+}
+
+# Places whose server raises a v2 lease's epoch at every open with its key, the state unchanged
+# (ksmbd 6.12: epoch 1, 2, 3... for RH each time): to our mount the lease may have been broken and
+# granted again in between, so each open drops the kernel's pages of the file and reads it again.
+EPOCH_AT_EVERY_OPEN = {"ksmbd-xfs"}
+
 # SMB timestamps count 100 ns steps.
 TIME_STEP_NS = 100
 
 # The SMB places' hosts ("HOST-SHARE", as mount_on takes them): the session fixture of the SmbLab that
 # serves them, and which server of it.
-HOSTS = {"smb": ("smb", 0), "smb2": ("smb", 1), "smb422": ("smb422", 0)}
+HOSTS = {"smb": ("smb", 0), "smb2": ("smb", 1), "smb422": ("smb422", 0), "ksmbd": ("ksmbd", 0)}
 
 
 def place(request, where):
@@ -105,3 +125,35 @@ def smb_lab(servers=2, kinds=KINDS, rate=None, durable=("ext4",), samba=SAMBA_41
             tempfile.TemporaryDirectory() as tmp:
         credentials = lab.server.write_credentials(Path(tmp, "credentials"))
         yield SmbLab(lab, credentials)
+
+
+class KsmbdLab:
+    """The share "xfs" of ksmbd in an nfsd guest (`lab`, an NfsdLab); `view` is the nfskit.Place of
+    the same export over NFS, where results are checked without going through ksmbd."""
+
+    def __init__(self, lab, view, credentials):
+        self.lab = lab
+        self.view = view
+        self.credentials = credentials
+
+    options = SmbLab.options
+
+    def url(self, kind, name="", server=0):
+        return f"smb://{USER}@{self.lab.guests[server].host}/{kind}/{name}".rstrip("/")
+
+    def fresh_dir(self, kind, server=0):
+        """(URL, view path) of a new empty directory in share `kind`."""
+        url, path = self.view.fresh_dir()
+        return self.url(kind, path.name, server), path
+
+    def wait_closed(self, path, timeout=30):
+        """ksmbd 6.1 tells no one which files it holds open (no smbstatus, nothing in /proc or
+        /sys): nothing to wait for."""
+
+
+@contextlib.contextmanager
+def ksmbd_lab():
+    """Yield a KsmbdLab of one guest; the guest and the view are gone on exit."""
+    with nfsd_lab(kernel=ksmbd.kernel(), ksmbd=True) as lab, nfskit.nfsd_place(lab) as (view, _), \
+            tempfile.TemporaryDirectory() as tmp:
+        yield KsmbdLab(lab, view, write_credentials(Path(tmp, "credentials")))

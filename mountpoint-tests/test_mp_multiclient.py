@@ -37,7 +37,7 @@ MAX_SIZE = 64 * 1024  # writes start below it and truncates go below it: files s
 MODES = (0o600, 0o640, 0o644, 0o664, 0o700, 0o755)
 # local-xfs took 172 s for 2 000 steps (86 ms a step, as SMB's 400 take 36 s): 800 keep it the
 # longest run for a new seed every time, at 40 % of the suite's time.
-STEPS = {"local": 800, "smb": 400, "smb422": 400, "nfs": 400, "nfsd": 100}
+STEPS = {"local": 800, "smb": 400, "smb422": 400, "ksmbd": 100, "nfs": 400, "nfsd": 100}
 # A name another client made may show up to attr_timeout (1 s by default) late: a client that
 # listed the directory or looked the name up just before remembers it absent (docs/consistency.md, Directories),
 # as the Linux NFS client does.  Everything else must hold at the first open.
@@ -302,7 +302,7 @@ class Run:
             assert got == expect, f"{name} opened through {label} shows {got}, the model {expect}: {self.where()}"
 
 
-PLACES = ["local-xfs", "smb-xfs", "smb422-xfs", "nfs-ganesha", "nfsd"]
+PLACES = ["local-xfs", "smb-xfs", "smb422-xfs", "ksmbd-xfs", "nfs-ganesha", "nfsd"]
 
 # Short sequences, each what a random run found, kept apart so a failure
 # names its cause: (client, operation, args, names touched).
@@ -336,7 +336,7 @@ def clients(where, mount_on, mount, request):
     """(clients {label: directory}, whether the place keeps modes) for `where`."""
     one = mount_on(where)
     url = next(iter(one.status()["sources"].values()))
-    options = smbkit.place(request, where)[0].options() if where.startswith("smb") else []
+    options = smbkit.place(request, where)[0].options() if where.split("-")[0] in smbkit.HOSTS else []
     # ganesha caches attributes of files changed behind its back: its third client is a third mount
     third = mount(url, options).path if where == "nfs-ganesha" else one.backing
     return {"one": one.path, "two": mount(url, options).path, "third": third}, one.can("chmod")

@@ -38,7 +38,7 @@ MARGIN = 7  # bytes checked on each side of a touched range
 # take 6-22 min; 5000 took 93 s plain and 54 s with writeback_cache.  ganesha's 20 000 took 77 s
 # (39 s with writeback_cache) of the suite's 34 min: 10 000 there and on local.  SMB keeps 20 000:
 # a race in recognise.py showed first at step 15 551 there (6707c24).
-STEPS = {"local": 10_000, "smb": 20_000, "smb422": 10_000, "nfs": 10_000, "nfsd": 5_000}
+STEPS = {"local": 10_000, "smb": 20_000, "smb422": 10_000, "nfs": 10_000, "nfsd": 5_000, "ksmbd": 2_500}
 
 FALLOC_FL_KEEP_SIZE = 0x01
 FALLOC_FL_PUNCH_HOLE = 0x02
@@ -303,6 +303,7 @@ CONFIGS = [
     ("smb-btrfs", ()), ("smb-btrfs", ("writeback_cache",)), ("smb422-btrfs", ()),
     ("nfs-ganesha", ()), ("nfs-ganesha", ("writeback_cache",)),
     ("nfsd", ()), ("nfsd", ("writeback_cache",)),
+    ("ksmbd-xfs", ()), ("ksmbd-xfs", ("writeback_cache",)),
 ]
 
 

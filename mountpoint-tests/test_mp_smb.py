@@ -66,6 +66,32 @@ def test_cp_in_a_share_is_done_by_the_server(where, method, request, mount_on):
             assert flags and all("shared" in f for f in flags), (name, flags)
 
 
+def test_cp_in_the_ksmbd_share_is_a_clone(request, mount_on):
+    """ksmbd on reflink xfs takes FSCTL_DUPLICATE_EXTENTS_TO_FILE: the copy shares the original's
+    blocks, which the guest's free space shows (filefrag cannot look at its disk from here)."""
+    size = 64 * MiB  # TCG: the guest writes the original at a few tens of MiB/s
+    mnt = mount_on("ksmbd-xfs")
+    digest = write_file(mnt.backing / "big", size)
+    ksmbd = smbkit.place(request, "ksmbd-xfs")[0]
+    guest, net = ksmbd.lab.guest, ksmbd.lab.net
+    used = guest_used_kib(guest)
+    before = net.counters()
+    sh("cp", mnt.path / "big", mnt.path / "copy")
+    wire = wire_bytes(net, before)
+    counters = mnt.counters()
+    assert counters["copy_bytes"].get("clone") == size, counters
+    assert wire < size // 100 + 64 * 1024, f"{wire} bytes crossed the client's link"
+    assert guest_used_kib(guest) - used < size // 1024 // 10, "the copy took blocks of its own"
+    assert sha256(mnt.backing / "copy") == digest
+
+
+def guest_used_kib(guest):
+    """KiB in use on the guest's xfs, once what it holds in memory is on its disk."""
+    status, out = guest.run("sync && df -k /export")
+    assert status == 0, out
+    return int(out.splitlines()[-1].split()[2])
+
+
 # What a cp of 1 KiB inside a share may cost, per command and in round trips (docs/performance.md, "A small cp on SMB"):
 # LOOKUP dst (absent), LOOKUP src, OPEN src, CREATE dst, COPY_FILE_RANGE, RELEASE of both.
 SMALL_CP_REQUESTS = {"CREATE": 4, "QUERY_INFO": 4, "CLOSE": 4, "IOCTL": 2}

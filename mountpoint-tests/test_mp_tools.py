@@ -17,7 +17,7 @@ import sys
 import pytest
 from mpkit import MiB, make_tree, sh, sha256, total_copies, tree_digest, write_file
 
-WHERE = ["local-ext4", "smb-btrfs", "smb-xfs", "smb-ext4", "smb422-xfs", "nfs-ganesha", "nfsd"]
+WHERE = ["local-ext4", "smb-btrfs", "smb-xfs", "smb-ext4", "smb422-xfs", "ksmbd-xfs", "nfs-ganesha", "nfsd"]
 
 
 @pytest.fixture(params=WHERE)

@@ -82,6 +82,69 @@ def test_only_async_interim_replies_go_unverified():
         conn._verify(reply(conn, status=errors.PENDING, sign=False).pack(), SESSION)
 
 
+@pytest.mark.parametrize("sent", [Commands.SMB2_ECHO, Commands.SMB2_OPLOCK_BREAK], ids=["echo", "lease-break-ack"])
+@pytest.mark.parametrize("encrypt", [False, True], ids=["signing", "encrypting"])
+def test_an_echo_or_a_break_ack_answered_unsigned_passes(encrypt, sent):
+    """ksmbd answers an ECHO without looking its session up (not signed: flag clear, the request's
+    signature copied back; not encrypted), and signs no reply to a lease break acknowledgment."""
+    conn = connection(encrypt, sent=sent)
+    header = reply(conn, command=sent, sign=False)
+    header["signature"] = os.urandom(16)
+    conn._verify(header.pack(), SESSION)
+
+
+@pytest.mark.parametrize("command", [Commands.SMB2_ECHO, Commands.SMB2_READ])
+def test_a_reply_that_says_it_is_signed_is_verified_even_to_an_echo(command):
+    conn = connection(sent=Commands.SMB2_ECHO)
+    header = reply(conn, command=command)
+    header["signature"] = os.urandom(16)
+    with pytest.raises(smbconn._Refused, match="signature does not match"):
+        conn._verify(header.pack(), SESSION)
+
+
+def ksmbd_signed(conn, header):
+    """``header`` packed and signed as ksmbd signs an error reply to a READ: over the frame's 4-byte
+    length and the message."""
+    header["flags"].set_flag(Smb2Flags.SMB2_FLAGS_SIGNED)
+    header["signature"] = b"\0" * 16
+    b = header.pack()
+    signature = conn._generate_signature(len(b).to_bytes(4, "big") + b, KEY, MESSAGE, True, header["command"])
+    return b[:48] + signature + b[64:]
+
+
+@pytest.mark.parametrize("sent,status,ok", [(Commands.SMB2_READ, errors.END_OF_FILE, True),
+                                            (Commands.SMB2_READ, errors.SUCCESS, False),
+                                            (Commands.SMB2_WRITE, errors.END_OF_FILE, False)],
+                         ids=["read-error", "read-data", "write-error"])
+def test_a_read_error_signed_over_its_length_too_passes(sent, status, ok):
+    """ksmbd 6.12 signs an error reply to a READ over the frame's length and the message (it takes the
+    iovec before the reply's for the READ's data); only there is that signature taken."""
+    conn = connection(sent=sent)
+    header = reply(conn, command=sent, status=status, sign=False)
+    header["data"] = b"\x09\x00" + bytes(7)
+    if ok:
+        conn._verify(ksmbd_signed(conn, header), SESSION)
+    else:
+        with pytest.raises(smbconn._Refused, match="signature does not match"):
+            conn._verify(ksmbd_signed(conn, header), SESSION)
+
+
+def test_a_read_error_signed_over_its_length_is_still_checked():
+    conn = connection()  # a READ sent
+    header = reply(conn, status=errors.END_OF_FILE, sign=False)
+    header["data"] = b"\x09\x00" + bytes(7)
+    b = bytearray(ksmbd_signed(conn, header))
+    b[-1] ^= 1
+    with pytest.raises(smbconn._Refused, match="signature does not match"):
+        conn._verify(bytes(b), SESSION)
+
+
+def test_only_an_echo_or_a_break_ack_may_come_back_unsigned():
+    conn = connection()  # a READ sent
+    with pytest.raises(smbconn._Refused, match="signature does not match"):
+        conn._verify(reply(conn, command=Commands.SMB2_ECHO, sign=False).pack(), SESSION)
+
+
 def test_a_frame_longer_than_the_server_may_send_is_refused_before_reading_it():
     conn = connection()
     conn.max_read_size = conn.max_write_size = conn.max_transact_size = 8 << 20

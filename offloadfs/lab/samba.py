@@ -111,6 +111,14 @@ shift; exec "$@"
 """
 
 
+def write_credentials(path, username=USER, password=PASSWORD):
+    """A mount.cifs-style credentials file, readable by root only; returns path."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w") as f:
+        f.write(f"username={username}\npassword={password}\n")
+    return path
+
+
 @dataclass(frozen=True)
 class Samba:
     """One Samba build: how to run its programs (smbd, smbpasswd, smbstatus,
@@ -262,10 +270,7 @@ class SambaServer(ServerProcess):
 
     def write_credentials(self, path):
         """A mount.cifs-style credentials file for the lab user, readable by root only; returns path."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with open(fd, "w") as f:
-            f.write(f"username={self.username}\npassword={self.password}\n")
-        return path
+        return write_credentials(path, self.username, self.password)
 
     def command(self):
         return self.samba.command("smbd", "--foreground", "--no-process-group", "-s", str(self.conf))

@@ -164,7 +164,7 @@ class Capabilities:
         self._listed.clear()
         if mode == FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE:
             if not file.sparse:
-                await self._file_call(file, lambda fid: m.ioctl(fid, wire.FSCTL_SET_SPARSE))
+                await self._file_call(file, lambda fid: m.ioctl(fid, wire.FSCTL_SET_SPARSE, wire.SET_SPARSE))
                 file.sparse = True
             zero = wire.ZeroData(offset, offset + length).pack()
             await self._file_call(file, lambda fid: m.ioctl(fid, wire.FSCTL_SET_ZERO_DATA, zero))

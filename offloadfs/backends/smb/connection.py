@@ -150,6 +150,10 @@ class _Refused(SMBException):
     """A reply the guarded connection will not take; its text says why, in words for the log."""
 
 
+# What we send that ksmbd answers unsigned (GuardedConnection).
+UNSIGNED_BY_KSMBD = (Commands.SMB2_ECHO, Commands.SMB2_OPLOCK_BREAK)
+
+
 class GuardedConnection(Connection):
     """smbprotocol's Connection with the checks a man in the middle must not get past.
 
@@ -158,7 +162,14 @@ class GuardedConnection(Connection):
     plaintext reply on a session that encrypts.  MS-SMB2 3.2.5.1.3: once a
     session signs, every reply is verified except interim STATUS_PENDING ones
     (async; they carry no result) and oplock/lease breaks (message id all ones, session 0: leases.Listener
-    takes lease breaks; a forged one only makes us drop a cache and give a lease up).  Which request a
+    takes lease breaks; a forged one only makes us drop a cache and give a lease up).  ksmbd (Linux
+    6.1 to 6.12) answers an ECHO without looking up its session: neither signed (flag clear, the
+    request's signature copied back) nor encrypted; and it signs no reply to a lease break
+    acknowledgment.  So a reply to either that does not say it is signed passes: an echo's carries
+    no data, an acknowledgment's is not read (leases.Listener), and both carry credits, which the
+    server polices itself.  ksmbd 6.12 signs an error reply to a READ over the frame's 4-byte length
+    and the message (for a READ it signs the last two iovecs, header and data; an error reply is one,
+    the length before it): such a reply is verified that way too, as the message alone does not pass.  Which request a
     reply answers is taken from the request we sent, never from the reply, so
     a reply that poses as a SESSION_SETUP one is verified too.  Decrypted
     replies were authenticated by AES-GCM/CCM and pass.
@@ -342,6 +353,8 @@ class GuardedConnection(Connection):
         if sent in (Commands.SMB2_NEGOTIATE, Commands.SMB2_SESSION_SETUP) and (
                 not flags & SIGNED or status == errors.PENDING or command == Commands.SMB2_SESSION_SETUP):
             return  # before the session has keys; a logon's last reply is checked once it has (verify_logon)
+        if sent in UNSIGNED_BY_KSMBD and not flags & SIGNED:
+            return  # see the class docstring
         session = self.session_table.get(session_id)
         if session is None or session.signing_key is None:
             raise _Refused(f"a reply for session {session_id}, which has no keys")
@@ -351,6 +364,10 @@ class GuardedConnection(Connection):
             b = memoryview(bytearray(b))
         b[48:64] = NO_SIGNATURE  # signed as sent: with its signature zero
         expected = self.signature(b, session.signing_key, mid, bool(flags & FROM_SERVER), command)
+        if sent == Commands.SMB2_READ and status != errors.SUCCESS and not hmac.compare_digest(expected, signature):
+            # ksmbd's (see the class docstring): a small reply, one copy
+            framed = memoryview(len(b).to_bytes(4, "big") + bytes(b))
+            expected = self.signature(framed, session.signing_key, mid, bool(flags & FROM_SERVER), command)
         b[48:64] = signature
         if not hmac.compare_digest(expected, signature):
             raise _Refused("a reply whose signature does not match (altered on the way)")

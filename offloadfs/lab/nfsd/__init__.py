@@ -43,6 +43,7 @@ from offloadfs.lab.loopfs import DEFAULT_SIZE, MKFS
 from offloadfs.lab.loopfs import run as run_checked
 from offloadfs.lab.net import server_namespace
 from offloadfs.lab.nfsd.build import KERNEL, guest_files
+from offloadfs.lab.samba import PASSWORD, USER
 
 BRIDGE = "labbr0"
 # A guest boots in 6-9 s under TCG, two at once in ~20 s on two busy cores;
@@ -195,19 +196,21 @@ def wait_ready(guest):
 
 
 @contextlib.contextmanager
-def nfsd_lab(guests=1, rate=None, size=DEFAULT_SIZE, kernel=KERNEL, ssc=False):
+def nfsd_lab(guests=1, rate=None, size=DEFAULT_SIZE, kernel=KERNEL, ssc=False, ksmbd=False):
     """Yield an NfsdLab of `guests` booted nfsd guests in one namespace.
 
     Each exports a fresh sparse xfs image of `size` bytes (reflink on) as
     /export, read-write, no root squash. rate shapes the namespace's link
     (tbf; one rate or a (down, up) pair, as for net.server_namespace).
     kernel is the Debian linux-image package to boot. ssc: guests can copy
-    between each other (the first run builds nfsd, ~1.5 min). Every qemu,
+    between each other (the first run builds nfsd, ~1.5 min). ksmbd: guests
+    serve /export over SMB too, as share "xfs" (ksmbd.py), to the Samba
+    lab's user and password. Every qemu,
     the images, taps, bridge and namespace are gone on exit.
     """
     with contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="offloadfs-nfsd-", dir="/var/tmp")))
-        vmlinux, initramfs = guest_files(workdir, kernel, ssc)
+        vmlinux, initramfs = guest_files(workdir, kernel, ssc, ksmbd)
         ns = stack.enter_context(server_namespace(rate))
         taps = [f"labtap{i}" for i in range(guests)]
         make_bridge(ns, taps)
@@ -221,6 +224,8 @@ def nfsd_lab(guests=1, rate=None, size=DEFAULT_SIZE, kernel=KERNEL, ssc=False):
             run_checked(*MKFS["xfs"], str(image))
             with open(workdir / f"{name}.out", "wb") as out:
                 settings = {"hostname": name, "inter_copy": "Y" if ssc else "N"}
+                if ksmbd:
+                    settings.update(ksmbd="Y", smb_user=USER, smb_password=PASSWORD)
                 command = qemu_command(vmlinux, initramfs, addr, tap, image, console, commands, settings)
                 process = ns.popen(*command, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
             guest = NfsdGuest(name, addr, PORT, EXPORT, image, console, commands, process)

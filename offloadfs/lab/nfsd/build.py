@@ -40,6 +40,7 @@ MODULES = ("crc32c_generic", "nfsd", "xfs", "virtio_pci", "virtio_blk", "virtio_
 SSC_MODULES = ("nfsv4",)
 SSC_DEFINE = "CONFIG_NFSD_V4_2_INTER_SSC"
 XZ_MAGIC = b"\xfd7zXZ\x00"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 def run(*cmd, cwd=None):
@@ -76,36 +77,47 @@ def fetch(name, version, dest):
 
 def vmlinux(vmlinuz):
     """The ELF kernel inside a bzImage: PVH boots it without the slow
-    decompression stub (xz under TCG costs seconds)."""
+    decompression stub (xz or zstd under TCG costs seconds)."""
     data = vmlinuz.read_bytes()
-    start = data.find(XZ_MAGIC)
-    if start < 0:
-        raise RuntimeError(f"{vmlinuz}: no xz payload (is the kernel compressed differently?)")
-    elf = lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(data[start:])
+    if (start := data.find(XZ_MAGIC)) >= 0:
+        elf = lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(data[start:])
+    elif (start := data.find(ZSTD_MAGIC)) >= 0:
+        # zstd complains of the size the kernel appends to the frame, after writing the frame out.
+        elf = subprocess.run(["zstd", "-dcq"], input=data[start:], capture_output=True).stdout
+    else:
+        raise RuntimeError(f"{vmlinuz}: no xz or zstd payload (is the kernel compressed differently?)")
     if not elf.startswith(b"\x7fELF"):
-        raise RuntimeError(f"{vmlinuz}: the xz payload is not an ELF kernel")
+        raise RuntimeError(f"{vmlinuz}: the compressed payload is not an ELF kernel")
     return elf
 
 
+def module_bytes(path):
+    """A module's ELF: 6.1's are plain .ko, later kernels' .ko.xz."""
+    data = path.read_bytes()
+    return lzma.decompress(data) if path.name.endswith(".xz") else data
+
+
 def module_order(kernel_dir, wanted):
-    """Paths of the wanted modules and their dependencies, dependencies first.
+    """Paths of the wanted modules and their dependencies, dependencies first; a wanted
+    name that is no module is built into this kernel.
 
     Read from each module's own modinfo "depends=" string, since the package
     ships no modules.dep (depmod makes it at install time).
     """
-    paths = {p.stem.replace("-", "_"): p for p in kernel_dir.rglob("*.ko")}
+    paths = {p.name.split(".")[0].replace("-", "_"): p for p in kernel_dir.rglob("*.ko*")}
     order = []
 
     def visit(name):
         if name in order:
             return
-        match = re.search(rb"(?:^|\0)depends=([^\0]*)\0", paths[name].read_bytes())
+        match = re.search(rb"(?:^|\0)depends=([^\0]*)\0", module_bytes(paths[name]))
         for dep in filter(None, match.group(1).decode().split(",") if match else []):
             visit(dep)
         order.append(name)
 
     for name in wanted:
-        visit(name)
+        if name in paths:
+            visit(name)
     return [paths[name] for name in order]
 
 
@@ -126,11 +138,11 @@ def cached(key, make):
     return target
 
 
-def kernel_dir(kernel, ssc=False):
-    """Cached vmlinux and modules/ (the closure of MODULES, with its load order);
+def kernel_dir(kernel, ssc=False, extra=()):
+    """Cached vmlinux and modules/ (the closure of MODULES and `extra`, with its load order);
     with ssc, also the NFS client and an nfsd that can copy between servers."""
     name, version = resolve(kernel)
-    wanted = MODULES + SSC_MODULES if ssc else MODULES
+    wanted = MODULES + (SSC_MODULES if ssc else ()) + tuple(extra)
     nfsd = ssc_nfsd(name, version) if ssc else None  # outside make: cached()'s lock is not re-entrant
 
     def make(out, root):
@@ -139,10 +151,10 @@ def kernel_dir(kernel, ssc=False):
         (out / "vmlinux").write_bytes(vmlinux(vmlinuz))
         (out / "modules").mkdir()
         modules = module_order(next((root / "lib/modules").glob("*/kernel")), wanted)
-        for ko in modules:
-            built = nfsd if nfsd and ko.name == "nfsd.ko" else ko
-            (out / "modules" / ko.name).write_bytes(built.read_bytes())
-        (out / "modules/order").write_text("".join(f"{ko.name}\n" for ko in modules))
+        files = [ko.name.removesuffix(".xz") for ko in modules]
+        for file, ko in zip(files, modules):
+            (out / "modules" / file).write_bytes(nfsd.read_bytes() if nfsd and file == "nfsd.ko" else module_bytes(ko))
+        (out / "modules/order").write_text("".join(f"{file}\n" for file in files))
 
     digest = hashlib.sha256((repr(wanted) + (" ssc" if ssc else "")).encode()).hexdigest()[:8]
     return cached(f"{name}_{version}_{digest}", make)
@@ -226,9 +238,9 @@ def cpio_entry(name, mode, data=b"", rdev=(0, 0)):
     return pad(header) + pad(data)
 
 
-def initramfs(busybox, modules):
+def initramfs(busybox, modules, extra=()):
     """The guest's root: busybox, init.sh as /init, nfsd-up.sh as /bin/nfsd-up, the modules and
-    their load order."""
+    their load order, and the `extra` cpio entries."""
     dirs = ["bin", "dev", "proc", "sys", "export", "lib", "lib/modules"]
     parts = [cpio_entry(d, 0o040755) for d in dirs]
     # The kernel opens /dev/console for init before anything is mounted.
@@ -238,15 +250,18 @@ def initramfs(busybox, modules):
     parts.append(cpio_entry("bin/nfsd-up", 0o100755, NFSD_UP.read_bytes()))
     for ko in sorted(modules.iterdir()):
         parts.append(cpio_entry(f"lib/modules/{ko.name}", 0o100644, ko.read_bytes()))
+    parts.extend(extra)
     parts.append(cpio_entry("TRAILER!!!", 0))
     return b"".join(parts)
 
 
-def guest_files(workdir, kernel=KERNEL, ssc=False):
+def guest_files(workdir, kernel=KERNEL, ssc=False, ksmbd=False):
     """(vmlinux, initramfs) paths to boot `kernel` (a linux-image package),
-    with ssc able to copy between servers; the initramfs is written into
-    workdir, the rest comes from the cache."""
-    kernel = kernel_dir(kernel, ssc)
+    with ssc able to copy between servers, with ksmbd able to serve SMB too;
+    the initramfs is written into workdir, the rest comes from the cache."""
+    from offloadfs.lab.nfsd import ksmbd as smb  # it builds on this module
+
+    kernel = kernel_dir(kernel, ssc, smb.MODULES if ksmbd else ())
     image = Path(workdir, "initramfs.cpio")
-    image.write_bytes(initramfs(busybox_path(), kernel / "modules"))
+    image.write_bytes(initramfs(busybox_path(), kernel / "modules", smb.entries() if ksmbd else ()))
     return kernel / "vmlinux", image

@@ -22,7 +22,7 @@ for arg in $(cat /proc/cmdline); do
         lab.*=*) name=${arg%%=*}; eval "${name#lab.}=\${arg#*=}" ;;
     esac
 done
-export addr threads  # for nfsd-up, here and in the host's commands
+export addr threads hostname smb_user smb_password  # for nfsd-up and ksmbd-up, here and in the host's commands
 
 # Modules in dependency order, as the host's build resolved it.
 for ko in $(cat /lib/modules/order); do
@@ -68,6 +68,10 @@ while [ "$(cat v4_end_grace)" != Y ]; do
     [ $i -gt 100 ] && fail "grace period did not end"
     sleep 0.1
 done
+
+if [ "$ksmbd" = Y ]; then
+    ksmbd-up || fail "ksmbd-up"
+fi
 
 # The host's commands, a line each: TOKEN COMMAND. Raw mode: no echo, no
 # line editing, no newline translation; clocal: no hangup when the host's
