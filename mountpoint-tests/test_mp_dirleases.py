@@ -254,3 +254,19 @@ def test_a_warm_ls_lR_past_attr_timeout_asks_nothing(two_mounts):
     after = read_status(ours)["counters"]
     assert "x4" in listed
     assert after["smb_round_trips"] - before["smb_round_trips"] <= 1, (before["smb_requests"], after["smb_requests"])
+
+
+def test_a_change_shows_in_a_file_opened_since_its_listing(two_mounts):
+    """The kernel keeps a file's attributes that a watched listing vouched for; an open since then
+    refreshes ours but not the kernel's: the change told must still reach the kernel's, which an fstat
+    of the open file reads (no lookup of the name refreshes them)."""
+    ours, _, server_dir = two_mounts(HELD_LONG)
+    seen(ours, {"f", "g"})
+    assert os.stat(ours / "d" / "f").st_size == 1
+    with open(ours / "d" / "f", "rb") as held:
+        with open(server_dir / "d" / "f", "ab") as f:
+            f.write(b"more")
+        deadline = time.monotonic() + BREAK_BOUND
+        while os.fstat(held.fileno()).st_size != 5:
+            assert time.monotonic() < deadline, "the kernel kept the size from before the change"
+            time.sleep(0.05)

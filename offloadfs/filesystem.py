@@ -16,7 +16,6 @@ import functools
 import itertools
 import json
 import logging
-import math
 import os
 import stat
 import time
@@ -810,8 +809,8 @@ class Filesystem(Operations):
     def _unvouch(self, dir):
         """The attributes the listing of ``dir`` vouched for go, here and in the kernel (its pages of
         them stay: an open checks the file, see AttrCache.reopened)."""
-        for inode in (dir.vouched or {}).values():
-            if self.inodes.get(inode.nodeid) is inode and inode.stat_expiry == math.inf:
+        for inode in (dir.vouched or {}).values():  # the kernel may hold them past a refresh of ours (an open)
+            if self.inodes.get(inode.nodeid) is inode:
                 self.cache.drop(inode)
                 if self.kernel is not None:
                     trio.lowlevel.spawn_system_task(self._invalidate, inode.nodeid, -1, 0)
