@@ -12,7 +12,9 @@ session, so data that arrives whole was written in its writer's session.
 import contextlib
 import errno
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -332,3 +334,23 @@ def test_a_cache_not_of_the_user_is_refused_whatever_its_name(dc, tmp_path, monk
     text = log.read_text()
     assert f"/tmp/krb5cc_{DAVE} is a symbolic link, not the user's cache" in text
     assert f"/tmp/krb5cc_{DAVE}_planted belongs to uid {BOB}, not to the user" in text
+
+
+def test_a_persistent_keyring_cache_is_followed(dc, tmp_path, monkeypatch, daves_caches):
+    """KEYRING:persistent:%{uid} (the RHEL and Fedora default): DAVE's kinit fills the kernel keyring
+    kept for his uid, and the daemon, root, reaches it as the kernel lets root alone."""
+    shared = Path(tempfile.mkdtemp(prefix="ccache-conf-"))  # a krb5.conf DAVE's kinit may read
+    shared.chmod(0o755)
+    env = {**os.environ, "KRB5_CONFIG": str(shutil.copy(dc.krb5_conf, shared)),
+           "KRB5CCNAME": f"KEYRING:persistent:{DAVE}"}
+    as_dave = ["setpriv", f"--reuid={DAVE}", f"--regid={DAVE}", "--clear-groups"]
+    try:
+        subprocess.run([*as_dave, "kinit", f"bob@{dc.realm}"], input=f"{dc.password}\n", env=env, check=True,
+                       capture_output=True, text=True)
+        conf = "  default_ccache_name = KEYRING:persistent:%{uid}"
+        with mount_with_conf(dc, tmp_path, monkeypatch, conf) as (mnt, log):
+            assert as_user(DAVE, Path.read_bytes, mnt / "f") == b"for dave"
+    finally:
+        subprocess.run([*as_dave, "kdestroy", "-A"], env=env)
+        shutil.rmtree(shared)
+    assert f"as bob@{dc.realm} from KEYRING:persistent:{DAVE}" in log.read_text()

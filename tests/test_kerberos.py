@@ -110,6 +110,13 @@ def test_no_cache_says_where_it_looked(tmp):
     assert refusal() == f"no credential cache {d}/krb5cc_{UID} or {d}/krb5cc_{UID}_*: run kinit"
 
 
+def test_an_empty_persistent_keyring_is_no_cache(tmp):
+    (tmp / "krb5.conf").write_text("[libdefaults]\n  default_ccache_name = KEYRING:persistent:%{uid}\n")
+    d = tmp / "caches"
+    looked = f"KEYRING:persistent:{UID} or {d}/krb5cc_{UID} or {d}/krb5cc_{UID}_*"
+    assert refusal() == f"no credential cache {looked}: run kinit"
+
+
 def test_default_ccache_name_is_followed_first(tmp):
     (tmp / "krb5.conf").write_text("[libdefaults]\n  default_ccache_name = FILE:%s/run/%%{uid}/krb5cc\n" % tmp)
     (tmp / "run" / str(UID)).mkdir(parents=True)

@@ -63,6 +63,7 @@ def cache_of(cruid):
     return f"FILE:/tmp/krb5cc_{uid}"
 
 
+KRB5_FCC_NOFILE = -1765328189  # MIT's "No credentials cache found"
 CACHE_DIR = "/tmp"  # where pam_krb5, sssd and MIT's default put FILE caches
 # krb5.conf(5) PARAMETER EXPANSION, as MIT expands them in the user's own processes (%{TEMP}: their
 # TMPDIR is unknown here; helpers started by the kernel have none either, so MIT's /tmp).
@@ -245,6 +246,8 @@ def copied(context, source, found):
         principal = krb5.cc_get_principal(context, cache)
         creds = list(cache)
     except krb5.Krb5Error as e:
+        if e.err_code == KRB5_FCC_NOFILE:  # an empty keyring
+            raise FileNotFoundError(found) from None
         raise NoCache(f"{found}: not a credential cache ({e})") from None
     realm = principal.realm
     tgt = [c.times.endtime for c in creds
