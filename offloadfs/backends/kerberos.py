@@ -3,11 +3,12 @@ user's own cache is, and one line for each way getting a ticket fails.
 
 A user's cache (multiuser SMB mounts, NFS sec=krb5* for uids but root) is
 looked for as the kernel clients' helpers do: first krb5.conf's
-default_ccache_name expanded for that user (cifs.upcall's way: it takes the
-default cache in the user's own identity), then FILE or DIR caches in /tmp
-named krb5cc_UID or krb5cc_UID_* (pam_krb5 and sssd add a random suffix),
-owned by the user, the one whose TGT lasts longest (as rpc.gssd scans its
--d directory).  The daemon is root and could read anyone's cache, so what it
+default_ccache_name expanded for that user (cifs.upcall's way: it takes
+MIT's default cache in the user's own identity), then FILE or DIR caches in
+/tmp named krb5cc_UID or krb5cc_UID_* (pam_krb5 and sssd add a random
+suffix) owned by the user, as rpc.gssd scans its -d directory, the one whose
+TGT lasts longest (cifs.upcall's rule when it scanned; rpc.gssd takes the
+newest file).  The daemon is root and could read anyone's cache, so what it
 reads must be the user's: a cache is opened without following a symbolic
 link and used only if the file opened is theirs, a regular file no one else
 may read or write; the daemon logs on from a copy in its own memory, made
@@ -45,6 +46,12 @@ FAILURES = (
     ("Cannot contact any KDC", "no KDC of the realm answers"),
 )
 PACKAGES = "Kerberos needs the Python packages gssapi and krb5: pip install 'offloadfs[kerberos]'"
+KRB5_FCC_NOFILE = -1765328189  # MIT's "No credentials cache found"
+CACHE_DIR = "/tmp"  # where pam_krb5, sssd and MIT's default put FILE caches
+# krb5.conf(5) PARAMETER EXPANSION, as MIT expands them in the user's own processes (%{TEMP}: their
+# TMPDIR is unknown here; helpers started by the kernel have none either, so MIT's /tmp).
+TOKENS = {"uid": lambda uid: str(uid), "euid": lambda uid: str(uid), "USERID": lambda uid: str(uid),
+          "username": lambda uid: pwd.getpwuid(uid).pw_name, "TEMP": lambda uid: "/tmp", "null": lambda uid: ""}
 
 
 def available():
@@ -61,14 +68,6 @@ def cache_of(cruid):
     except KeyError:
         raise ValueError(f"cruid={cruid}: no such user") from None
     return f"FILE:/tmp/krb5cc_{uid}"
-
-
-KRB5_FCC_NOFILE = -1765328189  # MIT's "No credentials cache found"
-CACHE_DIR = "/tmp"  # where pam_krb5, sssd and MIT's default put FILE caches
-# krb5.conf(5) PARAMETER EXPANSION, as MIT expands them in the user's own processes (%{TEMP}: their
-# TMPDIR is unknown here; helpers started by the kernel have none either, so MIT's /tmp).
-TOKENS = {"uid": lambda uid: str(uid), "euid": lambda uid: str(uid), "USERID": lambda uid: str(uid),
-          "username": lambda uid: pwd.getpwuid(uid).pw_name, "TEMP": lambda uid: "/tmp", "null": lambda uid: ""}
 
 
 class NoCache(Exception):
