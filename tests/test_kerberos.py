@@ -127,15 +127,25 @@ def test_default_ccache_name_is_followed_first(tmp):
     assert found()[1] == f"scanned@{REALM.decode()}"
 
 
+def dir_collection(path):
+    """A DIR cache at ``path`` whose primary holds alice's ticket; the ticket file's path."""
+    path.mkdir(parents=True)
+    ticket = write_cache(path / "tktAbCd", "alice", 600)
+    (path / "primary").write_text("tktAbCd\n")
+    os.chown(path / "primary", UID, UID)
+    os.chmod(path / "primary", 0o600)
+    return ticket
+
+
 def test_a_dir_collections_primary_is_followed(tmp):
     (tmp / "krb5.conf").write_text("[libdefaults]\n  default_ccache_name = DIR:%s/run/%%{uid}\n" % tmp)
-    collection = tmp / "run" / str(UID)
-    collection.mkdir(parents=True)
-    write_cache(collection / "tktAbCd", "alice", 600)
-    (collection / "primary").write_text("tktAbCd\n")
-    os.chown(collection / "primary", UID, UID)
-    os.chmod(collection / "primary", 0o600)
-    assert found() == (f"FILE:{collection}/tktAbCd", f"alice@{REALM.decode()}")
+    ticket = dir_collection(tmp / "run" / str(UID))
+    assert found() == (f"FILE:{ticket}", f"alice@{REALM.decode()}")
+
+
+def test_a_dir_collection_in_the_cache_dir_is_found(tmp):
+    ticket = dir_collection(tmp / "caches" / f"krb5cc_{UID}_dir")
+    assert found() == (f"FILE:{ticket}", f"alice@{REALM.decode()}")
 
 
 @pytest.mark.parametrize("template, expanded", [
