@@ -4,13 +4,17 @@ session of their own, from their own ticket cache, and the server checks their r
 The DC's shares force no user (addc_lab(multiuser=True)): a session acts on the server as its domain
 user, whom winbindd maps to a unix id, so a file's owner on the server says whose session made it.
 The mount logs on as the lab user (root's session); local users ALICE and BOB have tickets of the
-domain users alice and bob in /tmp/krb5cc_UID, where cifs.upcall would look; NOTICKET has none.
+domain users alice and bob in /tmp/krb5cc_UID, MIT's default cache; NOTICKET has none.  DAVE's caches are
+where pam_krb5, sssd or krb5.conf's default_ccache_name put them.
 Every request on a handle must go in the session that opened it: Samba finds no handle of another
 session, so data that arrives whole was written in its writer's session.
 """
+import contextlib
 import errno
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,9 +62,9 @@ def share(dc, tmp_path, monkeypatch):
             cache.unlink(missing_ok=True)
 
 
-def give_ticket(dc, uid, user, lifetime=None):
-    """A ticket of domain user ``user`` in uid's cache, where the mount looks for it; the cache's path."""
-    cache = Path(f"/tmp/krb5cc_{uid}")
+def give_ticket(dc, uid, user, lifetime=None, cache=None):
+    """A ticket of domain user ``user`` in uid's cache (``cache``, else MIT's default for uid); its path."""
+    cache = Path(cache or f"/tmp/krb5cc_{uid}")
     dc.kinit(cache, lifetime, principal=f"{user}@{dc.realm}")
     os.chown(cache, uid, uid)
     return cache
@@ -123,7 +127,8 @@ def test_a_user_without_a_ticket_gets_eacces(share):
         assert as_user(NOTICKET, errno_of, write_new, mnt / "new", b"x") == errno.EACCES
     assert os.listdir(mnt) == ["roots"]  # root: the mount's own session
     refusals = [line for line in log.read_text().splitlines() if f"uid {NOTICKET} gets EACCES" in line]
-    assert len(refusals) == 1 and f"no credential cache /tmp/krb5cc_{NOTICKET}: run kinit" in refusals[0], refusals
+    nothing = f"no credential cache /tmp/krb5cc_{NOTICKET} or /tmp/krb5cc_{NOTICKET}_*: run kinit"
+    assert len(refusals) == 1 and nothing in refusals[0], refusals
 
 
 def test_cp_is_the_servers_in_the_users_session(share):
@@ -261,5 +266,91 @@ def test_a_users_expired_session_is_renewed_from_their_cache(share, dc):
     assert (backing / "f").read_bytes() == first + second
     text = log.read_text()
     assert f"uid {CAROL} gets EACCES on {dc.host}: session expired, and renewing it failed" in text
-    assert f"session on {dc.host} expired: renewed as the principal of FILE:/tmp/krb5cc_{CAROL}" in text
+    assert f"session on {dc.host} expired: renewed as alice@{dc.realm} from FILE:/tmp/krb5cc_{CAROL}" in text
     assert text.count(f"uid {CAROL}: session on") == 1
+
+
+DAVE = 61005  # bob's principal, in caches where pam_krb5, sssd or krb5.conf put them (issue #32)
+
+
+@contextlib.contextmanager
+def mount_with_conf(dc, tmp_path, monkeypatch, libdefaults=""):
+    """(mountpoint, log) of a multiuser mount whose daemon reads a krb5.conf of the test's own (with
+    ``libdefaults``) before the lab's: KRB5_CONFIG lists both, and the first to say a thing is heard."""
+    own = tmp_path / "krb5.conf"
+    own.write_text(f"[libdefaults]\n{libdefaults}\n")
+    monkeypatch.setenv("KRB5_CONFIG", f"{own}:{dc.krb5_conf}")
+    monkeypatch.delenv("PASSWD", raising=False)
+    monkeypatch.setenv("KRB5CCNAME", f"FILE:{dc.kinit(tmp_path / 'cc')}")
+    url, backing = fresh_dir(dc, "xfs")
+    (backing / "f").write_bytes(b"for dave")
+    log = tmp_path / "log"
+    with offloadfs_mount(url, options=["sec=krb5", "multiuser", "allow_other", f"logfile={log}"]) as mnt:
+        yield mnt, log
+
+
+@pytest.fixture
+def daves_caches():
+    """Removes DAVE's caches in /tmp, before and after."""
+    def clear():
+        for cache in Path("/tmp").glob(f"krb5cc_{DAVE}*"):
+            cache.unlink()
+    clear()
+    yield
+    clear()
+
+
+def test_a_ticket_with_sssds_random_suffix_is_found(dc, tmp_path, monkeypatch, daves_caches):
+    give_ticket(dc, DAVE, "bob", "1h", f"/tmp/krb5cc_{DAVE}_abc123")  # one that ends sooner: passed over
+    give_ticket(dc, DAVE, "bob", cache=f"/tmp/krb5cc_{DAVE}_XyZ789")
+    with mount_with_conf(dc, tmp_path, monkeypatch) as (mnt, log):
+        assert as_user(DAVE, Path.read_bytes, mnt / "f") == b"for dave"
+    assert f"uid {DAVE}: session on {dc.host} as bob@{dc.realm} from FILE:/tmp/krb5cc_{DAVE}_XyZ789" in log.read_text()
+
+
+def test_krb5_confs_default_ccache_name_is_followed(dc, tmp_path, monkeypatch, daves_caches):
+    run = tmp_path / "run" / str(DAVE)
+    run.mkdir(parents=True)
+    os.chown(run, DAVE, DAVE)
+    give_ticket(dc, DAVE, "bob", cache=run / "krb5cc")
+    conf = f"  default_ccache_name = FILE:{tmp_path}/run/%{{uid}}/krb5cc"
+    with mount_with_conf(dc, tmp_path, monkeypatch, conf) as (mnt, log):
+        assert as_user(DAVE, Path.read_bytes, mnt / "f") == b"for dave"
+    assert f"as bob@{dc.realm} from FILE:{run}/krb5cc" in log.read_text()
+
+
+def test_a_cache_not_of_the_user_is_refused_whatever_its_name(dc, tmp_path, monkeypatch, daves_caches):
+    """Bob's ticket in a file named for DAVE but owned by bob, and a link named for DAVE to bob's
+    cache: neither is DAVE's, who gets EACCES."""
+    give_ticket(dc, BOB, "bob", cache=f"/tmp/krb5cc_{DAVE}_planted")
+    bobs = give_ticket(dc, BOB, "bob", cache=f"/tmp/krb5cc_{BOB}_ccache")
+    try:
+        Path(f"/tmp/krb5cc_{DAVE}").symlink_to(bobs)
+        with mount_with_conf(dc, tmp_path, monkeypatch) as (mnt, log):
+            assert as_user(DAVE, errno_of, Path.read_bytes, mnt / "f") == errno.EACCES
+            assert as_user(BOB, Path.read_bytes, mnt / "f") == b"for dave"  # bob's cache is good, for bob
+    finally:
+        bobs.unlink()
+    text = log.read_text()
+    assert f"/tmp/krb5cc_{DAVE} is a symbolic link, not the user's cache" in text
+    assert f"/tmp/krb5cc_{DAVE}_planted belongs to uid {BOB}, not to the user" in text
+
+
+def test_a_persistent_keyring_cache_is_followed(dc, tmp_path, monkeypatch, daves_caches):
+    """KEYRING:persistent:%{uid} (the RHEL and Fedora default): DAVE's kinit fills the kernel keyring
+    kept for his uid, and the daemon, root, reaches it as the kernel lets root alone."""
+    shared = Path(tempfile.mkdtemp(prefix="ccache-conf-"))  # a krb5.conf DAVE's kinit may read
+    shared.chmod(0o755)
+    env = {**os.environ, "KRB5_CONFIG": str(shutil.copy(dc.krb5_conf, shared)),
+           "KRB5CCNAME": f"KEYRING:persistent:{DAVE}"}
+    as_dave = ["setpriv", f"--reuid={DAVE}", f"--regid={DAVE}", "--clear-groups"]
+    try:
+        subprocess.run([*as_dave, "kinit", f"bob@{dc.realm}"], input=f"{dc.password}\n", env=env, check=True,
+                       capture_output=True, text=True)
+        conf = "  default_ccache_name = KEYRING:persistent:%{uid}"
+        with mount_with_conf(dc, tmp_path, monkeypatch, conf) as (mnt, log):
+            assert as_user(DAVE, Path.read_bytes, mnt / "f") == b"for dave"
+    finally:
+        subprocess.run([*as_dave, "kdestroy", "-A"], env=env)
+        shutil.rmtree(shared)
+    assert f"as bob@{dc.realm} from KEYRING:persistent:{DAVE}" in log.read_text()

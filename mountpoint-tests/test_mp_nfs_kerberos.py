@@ -12,6 +12,7 @@ import pwd
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from mpkit import MiB, sh
@@ -171,3 +172,65 @@ def test_contexts_are_set_up_again_after_a_server_restart(lab, realm, tmp_path, 
         assert (mnt / "f").read_bytes() == b"before"
     assert (backing / "g").read_bytes() == b"after"
     assert "RPCSEC_GSS context of uid 0 gone (auth_stat 13): setting up another" in log.read_text()
+
+
+def user_reads(lab, user):
+    """``user``'s cat of a file root wrote through a new sec=krb5 mount (its CompletedProcess)."""
+    url, _ = fresh_dir(lab)
+    with offloadfs_mount(url, options=["sec=krb5", "allow_other"]) as mnt:
+        (mnt / "root").write_bytes(b"root's")
+        return subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
+                               "cat", str(mnt / "root")], capture_output=True, text=True)
+
+
+@pytest.fixture
+def user_caches():
+    """The lab user, with no cache of theirs in /tmp before or after."""
+    ensure_user()
+    user = pwd.getpwnam(LAB_USER)
+
+    def clear():
+        for cache in Path("/tmp").glob(f"krb5cc_{user.pw_uid}*"):
+            cache.unlink()
+    clear()
+    yield user
+    clear()
+
+
+def give_ticket(realm, user, cache):
+    realm.kinit(cache)
+    os.chown(cache, user.pw_uid, user.pw_gid)
+
+
+def test_a_users_ticket_where_sssd_puts_it_is_found(lab, realm, tmp_path, monkeypatch, user_caches):
+    """Issue #32: pam_krb5 and sssd name a user's cache /tmp/krb5cc_UID_XXXXXX, as rpc.gssd finds it."""
+    user = user_caches
+    with_ticket(realm, tmp_path, monkeypatch)
+    give_ticket(realm, user, f"/tmp/krb5cc_{user.pw_uid}_abc123")
+    assert user_reads(lab, user).stdout == "root's"
+
+
+def test_krb5_confs_default_ccache_name_is_followed(lab, realm, tmp_path, monkeypatch, user_caches):
+    user = user_caches
+    own = tmp_path / "krb5.conf"
+    own.write_text(f"[libdefaults]\n  default_ccache_name = DIR:{tmp_path}/run/%{{uid}}\n")
+    monkeypatch.setenv("KRB5_CONFIG", f"{own}:{realm.krb5_conf}")  # the first file to say a thing is heard
+    with_ticket(realm, tmp_path, monkeypatch)
+    collection = tmp_path / "run" / str(user.pw_uid)
+    collection.mkdir(parents=True)
+    give_ticket(realm, user, collection / "tktAbC123")
+    (collection / "primary").write_text("tktAbC123\n")
+    os.chown(collection / "primary", user.pw_uid, user.pw_gid)
+    os.chmod(collection / "primary", 0o600)
+    assert user_reads(lab, user).stdout == "root's"
+
+
+def test_a_cache_not_of_the_user_is_refused_whatever_its_name(lab, realm, tmp_path, monkeypatch, user_caches):
+    """A ticket in a file named for the user but owned by another uid is not theirs: EACCES."""
+    user = user_caches
+    with_ticket(realm, tmp_path, monkeypatch)
+    cache = f"/tmp/krb5cc_{user.pw_uid}"
+    realm.kinit(cache)
+    os.chown(cache, user.pw_uid + 1, user.pw_gid)
+    proc = user_reads(lab, user)
+    assert proc.returncode != 0 and os.strerror(errno.EACCES) in proc.stderr, proc

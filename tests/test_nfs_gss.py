@@ -184,7 +184,7 @@ class FakeConn:
 
 def fake_security(monkeypatch, service):
     security = gss.Security(service, "server")
-    monkeypatch.setattr(security, "credentials", lambda uid: None)
+    monkeypatch.setattr(security, "credentials", lambda uid: (None, None))
 
     async def establish(conn, svc, target, creds):
         res, verifier = await conn.call_verified(100003, 4, 0, gss.credential(gss.INIT, 0, svc, b""), b"")

@@ -18,12 +18,12 @@ again, which is safe because a refused call never ran.
 
 One context per user: root (and the client's own housekeeping) uses the
 mount's credentials (the cache or keytab given at mount), any other uid its
-own cache /tmp/krb5cc_UID; a uid without one gets EACCES.
+own cache, found where the system put it as rpc.gssd finds it
+(kerberos.user_cache); a uid without one gets EACCES.
 """
 import contextlib
 import errno
 import logging
-import os
 
 import trio
 
@@ -271,16 +271,18 @@ class Security:
         self._setting_up = {}  # uid -> trio.Lock
 
     def credentials(self, uid):
-        """gssapi.Credentials of ``uid``: the mount's for root, else the user's own cache."""
+        """(gssapi.Credentials of ``uid``, the kerberos.UserCache they come from or None): the mount's for
+        root, else those in the user's own cache (its copy is not needed once a context is set up)."""
         import gssapi
         import gssapi.exceptions
 
-        store = {}
+        cache, store = None, {}
         if uid != 0:
-            path = f"/tmp/krb5cc_{uid}"
-            if not os.path.exists(path):
-                raise Refused(f"uid {uid} has no Kerberos ticket ({path})")
-            store["ccache"] = f"FILE:{path}"
+            try:
+                cache = kerberos.user_cache(uid)
+            except kerberos.NoCache as e:
+                raise Refused(f"uid {uid}: {e}") from None
+            store["ccache"] = cache.ccache
         elif self.keytab:
             # The keytab's first principal; its tickets stay in the daemon's memory.
             store["client_keytab"] = self.keytab
@@ -288,8 +290,10 @@ class Security:
         elif self.ccache:
             store["ccache"] = self.ccache
         try:
-            return gssapi.Credentials(usage="initiate", store=store or None)
+            return gssapi.Credentials(usage="initiate", store=store or None), cache
         except gssapi.exceptions.GSSError as e:
+            if cache is not None:
+                cache.__exit__()
             raise Refused(kerberos.failure(e) or f"Kerberos: {e.gen_message()}") from None
 
     async def context(self, conn, uid):
@@ -302,8 +306,11 @@ class Security:
             if context is None or not context.usable:
                 if context is not None and not context.dead:  # a dead one was logged as it died
                     log.info("RPCSEC_GSS context of uid %d ended: setting up another", uid)
-                creds = await trio.to_thread.run_sync(self.credentials, uid)
-                context = self.contexts[uid] = await establish(conn, self.service, self.target, creds)
+                creds, cache = await trio.to_thread.run_sync(self.credentials, uid)
+                with cache or contextlib.nullcontext():
+                    context = self.contexts[uid] = await establish(conn, self.service, self.target, creds)
+                if cache is not None:
+                    log.info("uid %d: RPCSEC_GSS context as %s from %s", uid, cache.principal, cache.found)
             return context
 
     async def destroy_all(self, conn):

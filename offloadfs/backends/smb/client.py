@@ -29,8 +29,8 @@ which would be the hung one we left (its durable handles are then lost).
 
 With multiuser (-o multiuser, Kerberos only) each local user but root gets a
 session of their own on the connection, as mount.cifs's: set up at their first
-request from the ticket in /tmp/krb5cc_UID (where cifs.upcall looks; the
-file must be theirs), with tree connects of its own.  Their requests go in
+request from their own ticket cache, found where cifs.upcall and rpc.gssd
+look (kerberos.user_cache), with tree connects of its own.  Their requests go in
 that session, so the server checks the user's own rights.  A user it cannot
 be set up for (no cache, an expired ticket) gets EACCES, never the mount's
 session; the reason is logged once per uid.  A user's session whose ticket
@@ -39,11 +39,11 @@ expired is renewed from their cache, as the mount's is; until it can be
 connection and are set up again at the user's next request after a
 reconnect.  Root (uid 0), and the daemon's own work, use the mount's session.
 """
+import contextlib
 import dataclasses
 import errno
 import logging
 import math
-import os
 import socket
 import time
 import uuid
@@ -324,10 +324,11 @@ class Client:
                 self.trees[uid, share] = tree.tree_connect_id
             return conn, self.trees[uid, share]
 
-    def user_target(self, uid):
-        """The Target a user's session logs on with: their own cache, nothing of the mount's credentials."""
-        return dataclasses.replace(self.target, username="", domain="", password=None, keytab=None,
-                                   ccache=f"FILE:/tmp/krb5cc_{uid}")
+    def user_target(self, cache):
+        """The Target a user's session logs on with: their kerberos.UserCache, nothing of the mount's
+        credentials."""
+        return dataclasses.replace(self.target, username=cache.principal, domain="", password=None, keytab=None,
+                                   ccache=cache.ccache)
 
     async def _user_session(self, conn, uid):
         """The session of ``uid`` on ``conn``, set up now if it has none (under self._lock); EACCES if it
@@ -335,24 +336,25 @@ class Client:
         session = self.sessions.get(uid)
         if session is not None:
             return session
-        cache = f"/tmp/krb5cc_{uid}"
-        try:
-            owner = os.stat(cache).st_uid
-        except FileNotFoundError:
-            raise self._refuse(uid, f"no credential cache {cache}: run kinit") from None
-        if owner != uid:
-            raise self._refuse(uid, f"{cache} belongs to uid {owner}, not to the user")
-        target = self.user_target(uid)
-        try:
-            session = await self._blocking(conn, self._log_on, conn, target)
-        except ConnectionLost as e:
-            if conn.transport.connected:
-                raise self._refuse(uid, e.strerror) from None
-            raise
+        with await self._user_cache(uid) as cache:
+            target = self.user_target(cache)
+            try:
+                session = await self._blocking(conn, self._log_on, conn, target)
+            except ConnectionLost as e:
+                if conn.transport.connected:
+                    raise self._refuse(uid, e.strerror) from None
+                raise
         self.sessions[uid] = session
         self._refused.pop(uid, None)
-        log.info("uid %d: session on %s as %s", uid, self.where, auth.who(target))
+        log.info("uid %d: session on %s as %s from %s", uid, self.where, cache.principal, cache.found)
         return session
+
+    async def _user_cache(self, uid, failing=""):
+        """kerberos.user_cache(uid); EACCES if none will do, ``failing`` said before why."""
+        try:
+            return await trio.to_thread.run_sync(kerberos.user_cache, uid)
+        except kerberos.NoCache as e:
+            raise self._refuse(uid, f"{failing}{e}") from None
 
     def _refuse(self, uid, why):
         """The EACCES for a user whose session cannot be set up; logged once per uid and reason."""
@@ -426,18 +428,22 @@ class Client:
             session = self.session if uid is None else self.sessions.get(uid)
             if self._renewals.get(uid, 0) != renewals or conn is None or session is None:
                 return
-            target = self.target if uid is None else self.user_target(uid)
-            try:
-                await self._blocking(conn, auth.reauthenticate, conn, session, target, self.target.host)
-            except ConnectionLost:
-                raise
-            except Exception as e:
-                why = f"session expired, and renewing it failed: {self._logon_failed(e, target).strerror}"
-                if uid is None:
-                    raise self._lost(conn, why) from None
-                raise self._refuse(uid, why) from None
+            failing = "session expired, and renewing it failed: "
+            cache = None if uid is None else await self._user_cache(uid, failing)
+            target = self.target if cache is None else self.user_target(cache)
+            with cache or contextlib.nullcontext():
+                try:
+                    await self._blocking(conn, auth.reauthenticate, conn, session, target, self.target.host)
+                except ConnectionLost:
+                    raise
+                except Exception as e:
+                    why = failing + self._logon_failed(e, target).strerror
+                    if uid is None:
+                        raise self._lost(conn, why) from None
+                    raise self._refuse(uid, why) from None
             self._renewals[uid] = renewals + 1
-            log.info("session on %s expired: renewed as %s", self.where, auth.who(target))
+            whence = "" if cache is None else f" from {cache.found}"
+            log.info("session on %s expired: renewed as %s%s", self.where, auth.who(target), whence)
 
     async def _call(self, share, messages, generation=None, uid=None, sent=None):
         """Send and wait, as call() says, once.
