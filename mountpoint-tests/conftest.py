@@ -196,8 +196,6 @@ def mount_on(request, backing):
                     lab.wait_closed(path)
 
             cannot = smbkit.POSIX_CANNOT if {w.split("-")[0] for w in wheres} == {"smb422"} else smbkit.CANNOT
-            if any(w.startswith("ksmbd-") for w in wheres):
-                cannot = smbkit.KSMBD_CANNOT
             return Mount(mountpoint, path, cannot, smbkit.TIME_STEP_NS, wait_closed)
 
         yield make

@@ -145,6 +145,17 @@ def test_credit_charges_are_smbprotocols():
     assert conn._calculate_credit_charge(m.read(FID, 0, 1 << 20)) == 0
 
 
+def test_credit_charge_of_a_query_counts_what_it_sends_and_what_it_asks_back():
+    """ksmbd (smb2misc.c) wants the charge of a QUERY_INFO to cover its input and output lengths summed,
+    and refuses the whole compound when it falls short: a named EA query asking 64 KiB back needs 2."""
+    conn = GuardedConnection.__new__(GuardedConnection)
+    conn.supports_multi_credit = True
+    named = m.query_info(info.FILE_FULL_EA, FID, 65536, input=info.GetEa(b"a").pack())
+    assert conn._calculate_credit_charge(named) == 2
+    assert conn._calculate_credit_charge(m.query_info(info.FILE_FULL_EA, FID, 65536)) == 1
+    assert conn._calculate_credit_charge(m.set_info(info.FILE_FULL_EA, bytes(65537), FID)) == 2
+
+
 def test_lease_break_acknowledgment():
     # 2.2.24.2: structure size 36, reserved, flags, the key, the state acknowledged, the duration.
     ack = m.lease_break_ack(KEY, m.LEASE_READ)
