@@ -16,6 +16,7 @@ import shutil
 import stat
 import subprocess
 import time
+import uuid
 
 import pytest
 import smbkit
@@ -83,6 +84,33 @@ def test_cp_in_the_ksmbd_share_is_a_clone(request, mount_on):
     assert wire < size // 100 + 64 * 1024, f"{wire} bytes crossed the client's link"
     assert guest_used_kib(guest) - used < size // 1024 // 10, "the copy took blocks of its own"
     assert sha256(mnt.backing / "copy") == digest
+
+
+def test_cp_in_ksmbds_share_without_reflink_is_copychunk(request):
+    """ksmbd's tmpfs share refuses duplicate extents (NOT_SUPPORTED): a cp goes through
+    FSCTL_SRV_COPYCHUNK_WRITE, done by the server byte for byte (the guest's sha256sum says so; tmpfs
+    has no NFS view). ksmbd answers the resume key request in our open's compound with the related
+    file id (all ones), which no copychunk finds: the copy asks for the key again by the file id."""
+    size = 64 * MiB
+    ksmbd = request.getfixturevalue("ksmbd")
+    guest, net = ksmbd.lab.guest, ksmbd.lab.net
+    where = f"/srv/tmpfs/t-{uuid.uuid4().hex[:10]}"
+    made, out = guest.run(f"mkdir {where} && dd if=/dev/urandom of={where}/big bs=1M count={size // MiB} "
+                          f"2>/dev/null && sha256sum {where}/big")
+    assert made == 0, out
+    try:
+        with offloadfs_mount(ksmbd.url("tmpfs", where.rsplit("/", 1)[1]), options=ksmbd.options()) as mnt:
+            before = net.counters()
+            sh("cp", mnt / "big", mnt / "copy")
+            wire = wire_bytes(net, before)
+            counters = status(mnt)["counters"]
+        print(f"cp of {size >> 20} MiB in ksmbd's tmpfs share: {wire} bytes on the client's link")
+        assert counters["copy_bytes"].get("server_copy") == size, counters
+        assert wire < size // 100 + 64 * 1024, f"{wire} bytes crossed the client's link"
+        copied, sums = guest.run(f"sha256sum {where}/copy")
+        assert copied == 0 and sums.split()[0] == out.split()[0], (out, sums)
+    finally:
+        guest.run(f"rm -rf {where}")
 
 
 def guest_used_kib(guest):
