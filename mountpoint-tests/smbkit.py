@@ -87,6 +87,9 @@ class SmbLab:
         s = self.lab.servers[server]
         return f"smb://{s.username}@{s.host}/{kind}/{name}".rstrip("/")
 
+    def host(self, server=0):
+        return self.lab.servers[server].host
+
     def fresh_dir(self, kind, server=0):
         """(URL, server-side path) of a new empty directory in share `kind`."""
         name = f"t-{uuid.uuid4().hex[:10]}"
@@ -130,8 +133,11 @@ class KsmbdLab:
 
     options = SmbLab.options
 
+    def host(self, server=0):
+        return self.lab.guests[server].host
+
     def url(self, kind, name="", server=0):
-        return f"smb://{USER}@{self.lab.guests[server].host}/{kind}/{name}".rstrip("/")
+        return f"smb://{USER}@{self.host(server)}/{kind}/{name}".rstrip("/")
 
     def fresh_dir(self, kind, server=0):
         """(URL, view path) of a new empty directory in share `kind`."""

@@ -53,7 +53,7 @@ RH = m.LEASE_READ | m.LEASE_HANDLE
 
 def reference_contexts(which):
     """smbprotocol's create contexts: none, a durable request, a durable reconnect, or those with a lease."""
-    durable = structure(SMB2CreateDurableHandleRequestV2, create_guid=GUID)
+    durable = structure(SMB2CreateDurableHandleRequestV2, create_guid=GUID, timeout=60_000)
     reconnect = structure(SMB2CreateDurableHandleReconnectV2, file_id=FID, create_guid=GUID)
     lease = structure(SMB2CreateRequestLease, lease_key=KEY, lease_state=RH)
     lease_v2 = structure(SMB2CreateRequestLeaseV2, lease_key=KEY, lease_state=RH, parent_lease_key=bytes(16),

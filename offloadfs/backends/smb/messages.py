@@ -107,6 +107,9 @@ _CONTEXT = struct.Struct("<IHHHHI")
 _DURABLE = struct.Struct("<IIQ16s")  # timeout, flags, reserved, create GUID
 _DURABLE_RECONNECT = struct.Struct("<16s16sI")  # file id, create GUID, flags
 _HEADER = 64
+# How long a durable handle waits for our reconnect, asked for: a timeout of 0 leaves it to the server,
+# Samba's 60 s but ksmbd's 1.6 s, less than a reconnect under load took (the handle was gone, EIO).
+DURABLE_TIMEOUT_MS = 60_000
 
 
 def create(path, access, disposition=OPEN, options=0, attributes=0, oplock=NO_OPLOCK, contexts=()):
@@ -137,8 +140,8 @@ def _contexts(contexts):
 
 
 def durable(create_guid):
-    """Make the open durable: the server's default timeout, not persistent."""
-    return DURABLE_V2, _DURABLE.pack(0, 0, 0, create_guid.bytes)
+    """Make the open durable for DURABLE_TIMEOUT_MS, not persistent."""
+    return DURABLE_V2, _DURABLE.pack(DURABLE_TIMEOUT_MS, 0, 0, create_guid.bytes)
 
 
 def durable_reconnect(file_id, create_guid):
