@@ -163,6 +163,21 @@ def test_copies_between_shares_and_servers(mount_on):
     print(f"copies by method: {counters['copies']}")
 
 
+def test_copies_between_ksmbd_and_samba(mount_on):
+    """One mount of a Samba share and ksmbd's: the planner has each server copy inside itself (copychunk
+    on Samba's ext4, a clone on ksmbd's reflink xfs) and streams between them, byte for byte both ways."""
+    mnt = mount_on({"e": "smb-ext4", "k": "ksmbd-xfs"})
+    digest = write_file(mnt.backing["e"] / "f0", 24 * MiB + 5)
+    route = ["e", "e", "k", "k", "e"]
+    for hop, (src, dst) in enumerate(zip(route, route[1:])):
+        sh("cp", mnt.path / src / f"f{hop}", mnt.path / dst / f"f{hop + 1}")
+        assert sha256(mnt.backing[dst] / f"f{hop + 1}") == digest, f"{src} -> {dst}"
+    counters = mnt.counters()
+    print(f"copies by method: {counters['copies']}")
+    assert counters["copies"] == {"server_copy": 1, "clone": 1, "stream": 2, "inter_server_copy": 0}, counters
+    assert counters["copy_errors"] == 0, counters
+
+
 @pytest.mark.parametrize("options", [(), ("offload=off",)], ids=["server-copy", "stream"])
 def test_smbd_killed_mid_copy(options):
     """cp fails or completes; if it says it completed, the data is right.
