@@ -104,7 +104,8 @@ def smb422():
 
 @pytest.fixture(scope="session")
 def ksmbd():
-    """A smbkit.KsmbdLab: ksmbd in an nfsd guest, its share "xfs" (reflink on)."""
+    """A smbkit.KsmbdLab: ksmbd in an nfsd guest (durable handles on), its shares "xfs" (reflink on)
+    and "tmpfs" (no NFS view: test_mp_smb reaches it through the guest's shell)."""
     why = nfskit.missing_tools()
     if why:
         pytest.skip(why)

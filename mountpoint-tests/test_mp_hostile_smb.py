@@ -86,14 +86,20 @@ def forge_read(record):
 SHARES = {"samba": ("smb", "ext4"), "ksmbd": ("ksmbd", "xfs")}
 
 
+def proxied(request, where):
+    """(lab, share, Proxy) in front of the SHARES share `where`'s server, not yet entered."""
+    fixture, share = SHARES[where]
+    lab = request.getfixturevalue(fixture)
+    return lab, share, Proxy((lab.host(), PORT), SMB)
+
+
 @pytest.fixture(params=list(SHARES))
 def hostile(request):
     """Factory: hostile(options) -> (proxy, mountpoint, server-side directory), a fresh directory of a
     SHARES share mounted through a Proxy (passing replies on until a test sets its mutator)."""
-    fixture, share = SHARES[request.param]
-    lab = request.getfixturevalue(fixture)
+    lab, share, proxy = proxied(request, request.param)
     with ExitStack() as stack:
-        proxy = stack.enter_context(Proxy((lab.host(), PORT), SMB))
+        stack.enter_context(proxy)
 
         def make(options=()):
             _, path = lab.fresh_dir(share)
@@ -257,14 +263,15 @@ def test_reply_that_never_comes_whole_fails_within_the_timeout(hostile, lie):
     works_again(mountpoint, path)
 
 
+@pytest.mark.parametrize("where", list(SHARES))
 @pytest.mark.parametrize("step", [NEGOTIATE, SESSION_SETUP], ids=["negotiate", "session-setup"])
-def test_malformed_setup_reply_fails_the_mount_with_one_clear_line(smb, step):
-    server = smb.lab.servers[0]
-    with Proxy((server.host, server.port), SMB) as proxy:
+def test_malformed_setup_reply_fails_the_mount_with_one_clear_line(request, where, step):
+    lab, share, proxy = proxied(request, where)
+    with proxy:
         proxy.mutator = lambda r: SMB.frame(r[:66] if r[:4] == PLAIN and command(r) == step else r)
-        url = f"smb://{server.username}@127.0.0.1:{proxy.port}/ext4"
+        url = f"smb://{USER}@127.0.0.1:{proxy.port}/{share}"
         with pytest.raises(MountError) as failed:
-            with offloadfs_mount(url, options=smb.options()):
+            with offloadfs_mount(url, options=lab.options()):
                 pass
     message = str(failed.value)
     print(message)
@@ -272,10 +279,11 @@ def test_malformed_setup_reply_fails_the_mount_with_one_clear_line(smb, step):
     assert f"127.0.0.1:{proxy.port}" in message and "malformed" in message, message
 
 
-def test_sealed_logon_reply_altered_fails_the_mount(smb):
+@pytest.mark.parametrize("where", list(SHARES))
+def test_sealed_logon_reply_altered_fails_the_mount(request, where):
     """The final SESSION_SETUP reply's signature vouches for the unsigned handshake before it; on a
     sealed session smbprotocol did not check it."""
-    server = smb.lab.servers[0]
+    lab, share, proxy = proxied(request, where)
 
     def alter(record):
         if record[:4] == PLAIN and command(record) == SESSION_SETUP and status_of(record) == 0:
@@ -284,11 +292,11 @@ def test_sealed_logon_reply_altered_fails_the_mount(smb):
             return SMB.frame(bytes(data))
         return SMB.frame(record)
 
-    with Proxy((server.host, server.port), SMB) as proxy:
+    with proxy:
         proxy.mutator = alter
-        url = f"smb://{server.username}@127.0.0.1:{proxy.port}/ext4"
+        url = f"smb://{USER}@127.0.0.1:{proxy.port}/{share}"
         with pytest.raises(MountError, match="signature does not match"):
-            with offloadfs_mount(url, options=["seal", *smb.options()]):
+            with offloadfs_mount(url, options=["seal", *lab.options()]):
                 pass
 
 
