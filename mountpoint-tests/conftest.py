@@ -104,7 +104,8 @@ def smb422():
 
 @pytest.fixture(scope="session")
 def ksmbd():
-    """A smbkit.KsmbdLab: ksmbd in an nfsd guest, its share "xfs" (reflink on)."""
+    """A smbkit.KsmbdLab: ksmbd in an nfsd guest (durable handles on), its shares "xfs" (reflink on)
+    and "tmpfs" (no NFS view: test_mp_smb reaches it through the guest's shell)."""
     why = nfskit.missing_tools()
     if why:
         pytest.skip(why)
@@ -196,8 +197,6 @@ def mount_on(request, backing):
                     lab.wait_closed(path)
 
             cannot = smbkit.POSIX_CANNOT if {w.split("-")[0] for w in wheres} == {"smb422"} else smbkit.CANNOT
-            if any(w.startswith("ksmbd-") for w in wheres):
-                cannot = smbkit.KSMBD_CANNOT
             return Mount(mountpoint, path, cannot, smbkit.TIME_STEP_NS, wait_closed)
 
         yield make

@@ -51,14 +51,6 @@ POSIX_CANNOT = {
     "posix_acl": CANNOT["posix_acl"],
 }
 
-# What a mount of ksmbd's share cannot do, besides CANNOT (measured on 6.12.95, see KsmbdLab).
-KSMBD_CANNOT = {
-    **CANNOT,
-    "xattr": "ksmbd 6.12 refuses our compound CREATE+QUERY_INFO(FULL_EA, one name, 64 KiB out)+CLOSE: "
-             "INVALID_PARAMETER on the CREATE, in a reply whose NextCommand points past its frame, which "
-             "ends the connection (4 KiB out is answered)",
-}
-
 # Places whose server raises a v2 lease's epoch at every open with its key, the state unchanged
 # (ksmbd 6.12: epoch 1, 2, 3... for RH each time): to our mount the lease may have been broken and
 # granted again in between, so each open drops the kernel's pages of the file and reads it again.
@@ -94,6 +86,9 @@ class SmbLab:
         """smb:// URL of directory `name` in share `kind` of lab server `server`."""
         s = self.lab.servers[server]
         return f"smb://{s.username}@{s.host}/{kind}/{name}".rstrip("/")
+
+    def host(self, server=0):
+        return self.lab.servers[server].host
 
     def fresh_dir(self, kind, server=0):
         """(URL, server-side path) of a new empty directory in share `kind`."""
@@ -138,8 +133,11 @@ class KsmbdLab:
 
     options = SmbLab.options
 
+    def host(self, server=0):
+        return self.lab.guests[server].host
+
     def url(self, kind, name="", server=0):
-        return f"smb://{USER}@{self.lab.guests[server].host}/{kind}/{name}".rstrip("/")
+        return f"smb://{USER}@{self.host(server)}/{kind}/{name}".rstrip("/")
 
     def fresh_dir(self, kind, server=0):
         """(URL, view path) of a new empty directory in share `kind`."""

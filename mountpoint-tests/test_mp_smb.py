@@ -16,6 +16,7 @@ import shutil
 import stat
 import subprocess
 import time
+import uuid
 
 import pytest
 import smbkit
@@ -85,6 +86,33 @@ def test_cp_in_the_ksmbd_share_is_a_clone(request, mount_on):
     assert sha256(mnt.backing / "copy") == digest
 
 
+def test_cp_in_ksmbds_share_without_reflink_is_copychunk(request):
+    """ksmbd's tmpfs share refuses duplicate extents (NOT_SUPPORTED): a cp goes through
+    FSCTL_SRV_COPYCHUNK_WRITE, done by the server byte for byte (the guest's sha256sum says so; tmpfs
+    has no NFS view). ksmbd answers the resume key request in our open's compound with the related
+    file id (all ones), which no copychunk finds: the copy asks for the key again by the file id."""
+    size = 64 * MiB
+    ksmbd = request.getfixturevalue("ksmbd")
+    guest, net = ksmbd.lab.guest, ksmbd.lab.net
+    where = f"/srv/tmpfs/t-{uuid.uuid4().hex[:10]}"
+    made, out = guest.run(f"mkdir {where} && dd if=/dev/urandom of={where}/big bs=1M count={size // MiB} "
+                          f"2>/dev/null && sha256sum {where}/big")
+    assert made == 0, out
+    try:
+        with offloadfs_mount(ksmbd.url("tmpfs", where.rsplit("/", 1)[1]), options=ksmbd.options()) as mnt:
+            before = net.counters()
+            sh("cp", mnt / "big", mnt / "copy")
+            wire = wire_bytes(net, before)
+            counters = status(mnt)["counters"]
+        print(f"cp of {size >> 20} MiB in ksmbd's tmpfs share: {wire} bytes on the client's link")
+        assert counters["copy_bytes"].get("server_copy") == size, counters
+        assert wire < size // 100 + 64 * 1024, f"{wire} bytes crossed the client's link"
+        copied, sums = guest.run(f"sha256sum {where}/copy")
+        assert copied == 0 and sums.split()[0] == out.split()[0], (out, sums)
+    finally:
+        guest.run(f"rm -rf {where}")
+
+
 def guest_used_kib(guest):
     """KiB in use on the guest's xfs, once what it holds in memory is on its disk."""
     status, out = guest.run("sync && df -k /export")
@@ -133,6 +161,21 @@ def test_copies_between_shares_and_servers(mount_on):
     assert counters["copy_requests"] >= len(route) - 1, counters
     assert counters["copy_errors"] == 0, counters
     print(f"copies by method: {counters['copies']}")
+
+
+def test_copies_between_ksmbd_and_samba(mount_on):
+    """One mount of a Samba share and ksmbd's: the planner has each server copy inside itself (copychunk
+    on Samba's ext4, a clone on ksmbd's reflink xfs) and streams between them, byte for byte both ways."""
+    mnt = mount_on({"e": "smb-ext4", "k": "ksmbd-xfs"})
+    digest = write_file(mnt.backing["e"] / "f0", 24 * MiB + 5)
+    route = ["e", "e", "k", "k", "e"]
+    for hop, (src, dst) in enumerate(zip(route, route[1:])):
+        sh("cp", mnt.path / src / f"f{hop}", mnt.path / dst / f"f{hop + 1}")
+        assert sha256(mnt.backing[dst] / f"f{hop + 1}") == digest, f"{src} -> {dst}"
+    counters = mnt.counters()
+    print(f"copies by method: {counters['copies']}")
+    assert counters["copies"] == {"server_copy": 1, "clone": 1, "stream": 2, "inter_server_copy": 0}, counters
+    assert counters["copy_errors"] == 0, counters
 
 
 @pytest.mark.parametrize("options", [(), ("offload=off",)], ids=["server-copy", "stream"])
@@ -240,16 +283,18 @@ def test_what_smb_cannot_store(where, mount_on):
 
 
 @pytest.mark.parametrize("where,cut", [("smb-ext4", "restart"), ("smb-ext4-durable", "restart"),
-                                       ("smb-ext4-durable", "drop"), ("smb422-xfs-durable", "drop")])
+                                       ("smb-ext4-durable", "drop"), ("smb422-xfs-durable", "drop"),
+                                       ("ksmbd-xfs", "drop")])
 def test_a_file_replaced_while_we_were_away_never_gets_our_writes(where, cut, request, mount_on):
     """Another client moves the open file away and makes a new one under its name while smbd is down
-    (restart), or while our connection is broken (drop: smbd keeps a durable handle meanwhile).
+    (restart), or while our connection is broken (drop: the server keeps a durable handle meanwhile).
 
     Our next write must fail with EIO or reach the file we opened: never the new one.
     """
     mnt = mount_on(where)
     smb, index, _ = smbkit.place(request, where)
-    server = smb.lab.servers[index]
+    server = smb.lab.servers[index] if cut == "restart" else None
+    host = smb.host(index)
     first, second = os.urandom(64 * 1024), os.urandom(64 * 1024)
     fd = os.open(mnt.path / "victim", os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -258,7 +303,7 @@ def test_a_file_replaced_while_we_were_away_never_gets_our_writes(where, cut, re
         if cut == "restart":
             server.kill()
         else:
-            sh("ss", "-K", "dst", server.host, "dport", "=", "445")
+            sh("ss", "-K", "dst", host, "dport", "=", "445")
         try:
             (mnt.backing / "victim").rename(mnt.backing / "victim.moved")
             (mnt.backing / "victim").write_bytes(b"another client's file")
@@ -368,6 +413,27 @@ def test_a_durable_handle_outlives_a_broken_connection(where, request, mount_on)
         os.pwrite(f.fileno(), second, len(first))
         os.fsync(f.fileno())
         assert len(before) == 1 and opens() == before
+    assert (mnt.backing / "f").read_bytes() == first + second
+
+
+@pytest.mark.parametrize("options", [(), ("noposix",)], ids=["posix", "noposix"])
+def test_a_ksmbd_durable_handle_outlives_a_broken_connection(options, request, mount_on):
+    """ksmbd (durable handles = yes) reconnects our durable v2 handle after the TCP connection breaks,
+    POSIX open or not: the writes after it reach the file. ksmbd lists no opens, but nothing else could
+    carry them: the mount never reopens a lost handle by path (without the reconnect: EIO). A pause
+    before the writes: ksmbd keeps a handle only as long as asked, 1.6 s where the client names no
+    timeout (the mount asks 60 s)."""
+    mnt = mount_on("ksmbd-xfs", list(options))
+    host = smbkit.place(request, "ksmbd-xfs")[0].host()
+    first, second = os.urandom(64 * 1024), os.urandom(64 * 1024)
+    with open(mnt.path / "f", "w+b") as f:
+        f.write(first)
+        f.flush()
+        os.fsync(f.fileno())
+        sh("ss", "-K", "dst", host, "dport", "=", "445")
+        time.sleep(2)
+        os.pwrite(f.fileno(), second, len(first))
+        os.fsync(f.fileno())
     assert (mnt.backing / "f").read_bytes() == first + second
 
 

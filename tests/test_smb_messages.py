@@ -53,7 +53,7 @@ RH = m.LEASE_READ | m.LEASE_HANDLE
 
 def reference_contexts(which):
     """smbprotocol's create contexts: none, a durable request, a durable reconnect, or those with a lease."""
-    durable = structure(SMB2CreateDurableHandleRequestV2, create_guid=GUID)
+    durable = structure(SMB2CreateDurableHandleRequestV2, create_guid=GUID, timeout=60_000)
     reconnect = structure(SMB2CreateDurableHandleReconnectV2, file_id=FID, create_guid=GUID)
     lease = structure(SMB2CreateRequestLease, lease_key=KEY, lease_state=RH)
     lease_v2 = structure(SMB2CreateRequestLeaseV2, lease_key=KEY, lease_state=RH, parent_lease_key=bytes(16),
@@ -143,6 +143,17 @@ def test_credit_charges_are_smbprotocols():
         assert conn._calculate_credit_charge(ours) == conn._calculate_credit_charge(ref), m.command(ours)
     conn.supports_multi_credit = False
     assert conn._calculate_credit_charge(m.read(FID, 0, 1 << 20)) == 0
+
+
+def test_credit_charge_of_a_query_counts_what_it_sends_and_what_it_asks_back():
+    """ksmbd (smb2misc.c) wants the charge of a QUERY_INFO to cover its input and output lengths summed,
+    and refuses the whole compound when it falls short: a named EA query asking 64 KiB back needs 2."""
+    conn = GuardedConnection.__new__(GuardedConnection)
+    conn.supports_multi_credit = True
+    named = m.query_info(info.FILE_FULL_EA, FID, 65536, input=info.GetEa(b"a").pack())
+    assert conn._calculate_credit_charge(named) == 2
+    assert conn._calculate_credit_charge(m.query_info(info.FILE_FULL_EA, FID, 65536)) == 1
+    assert conn._calculate_credit_charge(m.set_info(info.FILE_FULL_EA, bytes(65537), FID)) == 2
 
 
 def test_lease_break_acknowledgment():

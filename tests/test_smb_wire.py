@@ -152,6 +152,13 @@ def test_resume_key():
     assert wire.ResumeKey.unpack(key + b"\0\0\0\0").key == key
     with pytest.raises(WireError, match="RESUME_KEY"):
         wire.ResumeKey.unpack(key)
+    assert not wire.ResumeKey.unpack(key + b"\0\0\0\0").echoed
+
+
+def test_a_resume_key_that_echoes_the_related_file_id_names_no_file():
+    """ksmbd answers FSCTL_SRV_REQUEST_RESUME_KEY after a CREATE in one compound with the request's file id
+    as the key: all ones, which no copychunk finds (OBJECT_NAME_NOT_FOUND)."""
+    assert wire.ResumeKey.unpack(b"\xff" * 16 + bytes(8) + bytes(4)).echoed
 
 
 def test_copychunk_copy_layout():

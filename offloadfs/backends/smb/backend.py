@@ -881,8 +881,10 @@ class SMBBackend(Capabilities, Backend):
             if reconnect is not None or m.DURABLE_V2 in created.contexts:
                 file.create_guid = guid  # a reconnect names no context in its reply
             if key and key[0][0] == errors.SUCCESS:
-                file.resume_key = wire.ResumeKey.unpack(wire.IoctlResponse.output(key[0][1])).key
-                file.key_generation = file.generation
+                resume = wire.ResumeKey.unpack(wire.IoctlResponse.output(key[0][1]))
+                if not resume.echoed:  # else _resume_key asks by the file id itself (ksmbd)
+                    file.resume_key = resume.key
+                    file.key_generation = file.generation
             try:
                 if q_status != errors.SUCCESS:
                     raise status_error(q_status, query, path)

@@ -182,6 +182,12 @@ class ResumeKey:
     def unpack(cls, data):
         return cls(_unpack(cls.FORMAT, data, what="SRV_REQUEST_RESUME_KEY")[0])
 
+    @property
+    def echoed(self):
+        """True for ksmbd's answer to a request that named its file as the CREATE before it in a compound
+        (file id all ones): its key is that file id as sent, which names no file."""
+        return self.key.startswith(b"\xff" * 16)
+
 
 @dataclass(slots=True)
 class CopyChunkCopy:

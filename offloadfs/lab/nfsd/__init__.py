@@ -204,8 +204,8 @@ def nfsd_lab(guests=1, rate=None, size=DEFAULT_SIZE, kernel=KERNEL, ssc=False, k
     (tbf; one rate or a (down, up) pair, as for net.server_namespace).
     kernel is the Debian linux-image package to boot. ssc: guests can copy
     between each other (the first run builds nfsd, ~1.5 min). ksmbd: guests
-    serve /export over SMB too, as share "xfs" (ksmbd.py), to the Samba
-    lab's user and password. Every qemu,
+    serve /export over SMB too, as share "xfs", and a tmpfs as share
+    "tmpfs" (ksmbd-up.sh), to the Samba lab's user and password. Every qemu,
     the images, taps, bridge and namespace are gone on exit.
     """
     with contextlib.ExitStack() as stack:

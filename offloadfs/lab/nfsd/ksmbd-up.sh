@@ -1,8 +1,10 @@
 #!/bin/busybox sh
 # Starts ksmbd (ksmbd.py) serving /export as share "xfs" to $smb_user with
-# $smb_password, both from the kernel command line (init.sh). As in the
+# $smb_password, both from the kernel command line (init.sh), and a tmpfs
+# as share "tmpfs": no reflink there, so copies are copychunk. As in the
 # Samba lab, files are made as root whoever logs in (force user).
-# Leases on (off by default); signing and encryption as the client asks.
+# Leases and durable handles on (both off by default; durable handles can
+# only be set for all shares); signing and encryption as the client asks.
 
 set -e
 # No file leases, so no NFS delegations: the tests' view of the export reads over NFS, and a
@@ -18,13 +20,21 @@ cat > /etc/ksmbd/ksmbd.conf <<CONF
 	netbios name = $hostname
 	server signing = auto
 	smb2 leases = yes
+	durable handles = yes
 [xfs]
 	path = /export
 	writeable = yes
 	force user = root
 	force group = root
 	hide dot files = no
+[tmpfs]
+	path = /srv/tmpfs
+	writeable = yes
+	force user = root
+	force group = root
 CONF
+mkdir -p /srv/tmpfs
+mount -t tmpfs -o size=256m tmpfs /srv/tmpfs
 ksmbd.adduser -a "$smb_user" -p "$smb_password" >/dev/null
 ksmbd.mountd
 # ksmbd.mountd forks; the kernel listens once it has passed the config.
