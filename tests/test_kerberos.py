@@ -127,6 +127,20 @@ def test_default_ccache_name_is_followed_first(tmp):
     assert found()[1] == f"scanned@{REALM.decode()}"
 
 
+def test_cruid_0_is_roots_own_default_cache(tmp):
+    """cruid=0 looks root's cache up by the same rules: krb5.conf's default_ccache_name as root's kinit
+    takes it, else /tmp/krb5cc_0[_*]; a file there must still be root's alone."""
+    (tmp / "krb5.conf").write_text("[libdefaults]\n  default_ccache_name = FILE:%s/run/%%{uid}/krb5cc\n" % tmp)
+    (tmp / "run" / "0").mkdir(parents=True)
+    write_cache(tmp / "caches" / "krb5cc_0", "scanned", 9000, uid=0)
+    configured = write_cache(tmp / "run" / "0" / "krb5cc", "configured", 600, uid=0)
+    assert found(0) == (f"FILE:{configured}", f"configured@{REALM.decode()}")
+    configured.unlink()
+    assert found(0)[1] == f"scanned@{REALM.decode()}"
+    os.chown(tmp / "caches" / "krb5cc_0", OTHER, OTHER)
+    assert refusal(0) == f"{tmp}/caches/krb5cc_0 belongs to uid {OTHER}, not to the user"
+
+
 def dir_collection(path):
     """A DIR cache at ``path`` whose primary holds alice's ticket; the ticket file's path."""
     path.mkdir(parents=True)
@@ -163,5 +177,5 @@ def test_default_ccache_name_is_expanded_for_the_user(tmp, template, expanded):
 
 def test_username_is_the_users_name(tmp):
     (tmp / "krb5.conf").write_text("[libdefaults]\n  default_ccache_name = FILE:/home/%{username}/cc\n")
-    assert kerberos.configured_cache(0) is None
+    assert kerberos.configured_cache(0) == "FILE:/home/root/cc"  # root's own, for cruid=0
     assert kerberos.configured_cache(1) == "FILE:/home/daemon/cc"  # Debian's uid 1

@@ -277,3 +277,17 @@ async def test_unmount_destroys_the_contexts(monkeypatch):
     await security.destroy_all(conn)
     assert conn.calls[-1] == (gss.DESTROY, 2, conn.calls[1][2])
     assert security.contexts == {}
+
+
+def test_cruid_takes_that_users_own_cache_alone(monkeypatch, tmp_path):
+    """cruid=: root's contexts come from that uid's cache, looked up as a user's, so one in
+    /tmp/krb5cc_UID that is not theirs is refused with the line that says why."""
+    monkeypatch.delenv("KRB5_CONFIG", raising=False)
+    uid = 61997
+    cache = tmp_path / f"krb5cc_{uid}"
+    monkeypatch.setattr(gss.kerberos, "CACHE_DIR", str(tmp_path))
+    cache.write_bytes(b"")
+    cache.chmod(0o600)
+    with pytest.raises(gss.Refused) as e:
+        gss.Security("krb5", "h", cruid=uid).credentials(0)
+    assert str(e.value) == f"cruid={uid}: {cache} belongs to uid {cache.stat().st_uid}, not to the user"

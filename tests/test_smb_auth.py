@@ -10,6 +10,7 @@ import spnego
 from offloadfs.backends import kerberos
 from offloadfs.backends.smb import auth
 from offloadfs.backends.smb.client import Client
+from offloadfs.backends.smb.errors import ConnectionLost
 from offloadfs.backends.smb.url import parse
 
 PASSWORD = {"PASSWD": "pw"}
@@ -42,8 +43,8 @@ def test_cache_from_the_environment_or_cruid():
     assert parse("smb://h/s", {"sec": "krb5"}, environ={"KRB5CCNAME": "/tmp/b"}).ccache == "FILE:/tmp/b"
     assert parse("smb://h/s", {"sec": "krb5"}, environ={}).ccache is None  # the library's default
     t = parse("smb://h/s", {"cruid": "1234"}, environ={"KRB5CCNAME": "FILE:/tmp/a"})
-    assert t.ccache == "FILE:/tmp/krb5cc_1234"
-    assert parse("smb://h/s", {"cruid": "root"}, environ={}).ccache == "FILE:/tmp/krb5cc_0"
+    assert (t.ccache, t.cruid) == (None, 1234)  # looked up at each logon (Client._log_on)
+    assert parse("smb://h/s", {"cruid": "root"}, environ={}).cruid == 0
 
 
 def test_keytab_logs_on_as_the_user_named(keytab):
@@ -117,6 +118,24 @@ async def test_a_users_session_logs_on_with_their_cache_alone():
     (cache, _, protocol) = auth.credential(user)
     assert isinstance(cache, spnego.KerberosCCache) and protocol == "kerberos"
     assert (cache.ccache, cache.principal, user.password) == ("MEMORY:copy", "bob@LAB.TEST", None)
+
+
+async def test_cruid_logs_on_from_that_users_own_cache_alone(monkeypatch):
+    """cruid=: the cache is looked up at logon by user_cache's rules, so one in /tmp/krb5cc_UID that is
+    not that user's fails the logon with the line that says why."""
+    monkeypatch.delenv("KRB5_CONFIG", raising=False)
+    uid = 61998
+    client = Client(parse("smb://h/s", {"cruid": str(uid)}, environ={}), None)
+    cache = Path(f"/tmp/krb5cc_{uid}")
+    cache.write_bytes(b"")
+    cache.chmod(0o600)
+    try:
+        with pytest.raises(ConnectionLost) as e:
+            client._log_on(None)
+    finally:
+        cache.unlink()
+    assert e.value.strerror == (f"Kerberos logon to h from the cache of cruid={uid} failed: "
+                                f"/tmp/krb5cc_{uid} belongs to uid {os.getuid()}, not to the user")
 
 
 async def test_a_user_without_their_own_cache_gets_eacces(caplog, monkeypatch):

@@ -1,7 +1,8 @@
 """What the SMB and NFS backends share about Kerberos: whose credential cache a mount uses, where a
 user's own cache is, and one line for each way getting a ticket fails.
 
-A user's cache (multiuser SMB mounts, NFS sec=krb5* for uids but root) is
+A user's cache (multiuser SMB mounts, NFS sec=krb5* for uids but root, and
+the mount's own credentials with cruid=, as cifs.upcall looks up that uid's) is
 looked for as the kernel clients' helpers do: first krb5.conf's
 default_ccache_name expanded for that user (cifs.upcall's way: it takes
 MIT's default cache in the user's own identity), then FILE or DIR caches in
@@ -59,15 +60,14 @@ def available():
     return importlib.util.find_spec("gssapi") is not None and importlib.util.find_spec("krb5") is not None
 
 
-def cache_of(cruid):
-    """The credential cache of user ``cruid`` (a uid or a name): MIT's default file for that uid."""
-    if cruid is True or not cruid:
+def cruid_of(value):
+    """The uid ``cruid=`` names (a uid or a user name); the cache is looked up by user_cache at each logon."""
+    if value is True or not value:
         raise ValueError("cruid= needs a uid or a user name")
     try:
-        uid = int(cruid) if cruid.isdigit() else pwd.getpwnam(cruid).pw_uid
+        return int(value) if value.isdigit() else pwd.getpwnam(value).pw_uid
     except KeyError:
-        raise ValueError(f"cruid={cruid}: no such user") from None
-    return f"FILE:/tmp/krb5cc_{uid}"
+        raise ValueError(f"cruid={value}: no such user") from None
 
 
 class NoCache(Exception):
@@ -96,8 +96,9 @@ class UserCache:
 
 
 def user_cache(uid):
-    """The UserCache of ``uid`` (not root): krb5.conf's default_ccache_name for them if it holds a
-    valid TGT, else their cache in CACHE_DIR whose TGT lasts longest; NoCache if none will do."""
+    """The UserCache of ``uid``: krb5.conf's default_ccache_name for them if it holds a valid TGT, else
+    their cache in CACHE_DIR whose TGT lasts longest; NoCache if none will do.  For root (cruid=0 only:
+    multiuser and NFS give root the mount's credentials) that is root's own default cache."""
     import krb5
 
     context = krb5.init_context()
@@ -131,8 +132,8 @@ def user_cache(uid):
 
 
 def configured_cache(uid):
-    """krb5.conf's default_ccache_name expanded for ``uid``, or None: unset, the same for root (the
-    daemon's own, not the user's), or with a token that cannot be expanded for them."""
+    """krb5.conf's default_ccache_name expanded for ``uid``, or None: unset, the same as root's (the
+    daemon's own, not the user's) for a uid but root, or with a token that cannot be expanded for them."""
     template = default_ccache_name()
     if template is None:
         return None
@@ -140,7 +141,7 @@ def configured_cache(uid):
         theirs, roots = expand(template, uid), expand(template, 0)
     except KeyError:  # an unknown token, or a uid with no name for %{username}
         return None
-    return typed(theirs) if theirs != roots else None
+    return typed(theirs) if uid == 0 or theirs != roots else None
 
 
 def expand(template, uid):

@@ -263,25 +263,27 @@ class Security:
     """The contexts of one NFS client: one per uid, set up on first use and again when the server
     forgets one."""
 
-    def __init__(self, sec, host, ccache=None, keytab=None):
+    def __init__(self, sec, host, ccache=None, keytab=None, cruid=None):
         self.service = SERVICES[sec]
         self.target = f"nfs@{host}"
-        self.ccache, self.keytab = ccache, keytab
+        self.ccache, self.keytab, self.cruid = ccache, keytab, cruid
         self.contexts = {}  # uid -> Context
         self._setting_up = {}  # uid -> trio.Lock
 
     def credentials(self, uid):
         """(gssapi.Credentials of ``uid``, the kerberos.UserCache they come from or None): the mount's for
-        root, else those in the user's own cache (its copy is not needed once a context is set up)."""
+        root, else those in the user's own cache (its copy is not needed once a context is set up); the
+        mount's with cruid= are in that uid's, looked up as a user's."""
         import gssapi
         import gssapi.exceptions
 
         cache, store = None, {}
-        if uid != 0:
+        owner = uid if uid != 0 else self.cruid
+        if owner is not None:
             try:
-                cache = kerberos.user_cache(uid)
+                cache = kerberos.user_cache(owner)
             except kerberos.NoCache as e:
-                raise Refused(f"uid {uid}: {e}") from None
+                raise Refused(f"uid {uid}: {e}" if uid != 0 else f"cruid={owner}: {e}") from None
             store["ccache"] = cache.ccache
         elif self.keytab:
             # The keytab's first principal; its tickets stay in the daemon's memory.

@@ -69,6 +69,7 @@ class Settings:
     sec: str = None  # sys, krb5, krb5i, krb5p; None: what SECINFO_NO_NAME offers (sys if it is offered)
     ccache: str = None  # Kerberos: root's credential cache (None: the library's default), or
     keytab: str = None  # its keytab
+    cruid: int = None  # or the uid whose cache it is, looked up at each context (kerberos.user_cache)
 
 
 class _Again(Exception):
@@ -229,7 +230,8 @@ class Client:
             self.security = None
         elif self.security is None or self.security.service != gss.SERVICES[sec]:
             log.info("NFS server %s: sec=%s", self.settings.host, sec)
-            self.security = gss.Security(sec, self.settings.host, self.settings.ccache, self.settings.keytab)
+            self.security = gss.Security(sec, self.settings.host, self.settings.ccache, self.settings.keytab,
+                                         self.settings.cruid)
 
     def cred(self, caller=None):
         """The credential of a request acting for ``caller`` (a backends.base.Caller), or for the client

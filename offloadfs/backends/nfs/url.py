@@ -7,7 +7,7 @@ from .gss import SERVICES
 from .session import Settings
 
 # soft/hard, timeo (tenths of a second), retrans and sec mean what they mean to mount.nfs(8); keytab= and
-# cruid= give root's Kerberos credentials as for SMB.
+# cruid= give root's Kerberos credentials as for SMB (cruid=: that uid's cache, looked up at each context).
 OPTIONS = frozenset({"soft", "hard", "timeo", "retrans", "rsize", "wsize", "minorversion", "sec", "keytab",
                      "cruid"})
 SECURITY = ("sys", *SERVICES)
@@ -49,7 +49,7 @@ def _security(options, environ):
             raise ValueError(f"keytab={keytab}: not readable")
         fields["keytab"] = os.path.abspath(keytab)
     elif cruid:
-        fields["ccache"] = kerberos.cache_of(cruid)
+        fields["cruid"] = kerberos.cruid_of(cruid)
     elif environ.get("KRB5CCNAME"):
         fields["ccache"] = kerberos.typed(environ["KRB5CCNAME"])
     return fields

@@ -4,8 +4,10 @@
 the credentials given choose: keytab=, cruid=, or no password but a
 KRB5CCNAME in the environment mean Kerberos, else NTLM with the password (as
 mount.cifs, whose default is NTLM).  The cache is the
-one KRB5CCNAME names in the mounting process, that of uid ``cruid=``, or the
-library's default; ``keytab=`` logs on as the principal in username= with its
+one KRB5CCNAME names in the mounting process, the library's default, or with
+``cruid=`` that uid's, looked up at each logon and renewal where cifs.upcall
+looks (kerberos.user_cache: it must be theirs, and the daemon logs on from a
+copy in its memory); ``keytab=`` logs on as the principal in username= with its
 key, for mounts at boot, with nobody there to kinit.  smbprotocol derives
 the signing and sealing keys from the Kerberos session key, as from NTLM's.
 
@@ -27,7 +29,7 @@ from .. import kerberos
 SECURITY = {"krb5": "krb5", "krb5i": "krb5", "ntlmssp": "ntlmssp", "ntlmsspi": "ntlmssp"}
 
 def choose(options, user, domain, password, environ):
-    """(sec, credential cache, keytab) from the mount options; ValueError says what does not fit."""
+    """(sec, credential cache, keytab, cruid uid) from the mount options; ValueError says what does not fit."""
     sec = options.get("sec")
     if sec is True:
         raise ValueError("sec= needs a value")
@@ -46,7 +48,7 @@ def choose(options, user, domain, password, environ):
         if password is None:
             raise ValueError("no password: give -o credentials=FILE or set PASSWD in the environment "
                              "(or log on with Kerberos: -o sec=krb5)")
-        return sec, None, None
+        return sec, None, None, None
     if not kerberos.available():
         raise ValueError(kerberos.PACKAGES)
     if keytab and "cruid" in options:
@@ -54,11 +56,11 @@ def choose(options, user, domain, password, environ):
     if keytab:
         if not os.access(keytab, os.R_OK):
             raise ValueError(f"keytab={keytab}: not readable")
-        return sec, None, os.path.abspath(keytab)
+        return sec, None, os.path.abspath(keytab), None
     if "cruid" in options:
-        return sec, kerberos.cache_of(options["cruid"]), None
+        return sec, None, None, kerberos.cruid_of(options["cruid"])
     name = environ.get("KRB5CCNAME")
-    return sec, (kerberos.typed(name) if name else None), None
+    return sec, (kerberos.typed(name) if name else None), None, None
 
 
 def principal(target):
@@ -85,7 +87,11 @@ def who(target):
     """The identity a log line names."""
     if target.sec == "ntlmssp":
         return f"{target.domain}\\{target.username}" if target.domain else target.username
-    return principal(target) or f"the principal of {target.ccache or 'the default credential cache'}"
+    if principal(target):
+        return principal(target)
+    if target.cruid is not None:
+        return f"the principal of uid {target.cruid}'s credential cache"
+    return f"the principal of {target.ccache or 'the default credential cache'}"
 
 
 def reauthenticate(conn, session, target, hostname):

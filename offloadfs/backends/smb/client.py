@@ -183,7 +183,7 @@ class Client:
         """The Client for this server, user and security; one per trio run."""
         t = target
         key = (trio.lowlevel.current_trio_token(), t.host, t.port, t.username, t.domain, t.password, t.dialect,
-               t.seal, t.posix, t.sec, t.ccache, t.keytab)
+               t.seal, t.posix, t.sec, t.ccache, t.keytab, t.cruid)
         client = cls._shared.get(key)
         if client is None:
             client = cls._shared[key] = cls(target, key)
@@ -252,8 +252,13 @@ class Client:
 
     def _log_on(self, conn, t=None):
         """smbprotocol's Session, set up with the credentials auth.credential picks from Target ``t`` (the
-        mount's, unless a user's)."""
+        mount's, unless a user's); with cruid= from that uid's cache as found now."""
         t = t or self.target
+        if t.cruid is not None:
+            with self._cruid_cache() as cache:
+                session = self._log_on(conn, self.user_target(cache))
+            log.info("cruid=%d: session on %s as %s from %s", t.cruid, self.where, cache.principal, cache.found)
+            return session
         user, password, protocol = auth.credential(t)
         session = Session(conn, user, password, require_encryption=t.seal, auth_protocol=protocol)
         try:
@@ -328,7 +333,7 @@ class Client:
         """The Target a user's session logs on with: their kerberos.UserCache, nothing of the mount's
         credentials."""
         return dataclasses.replace(self.target, username=cache.principal, domain="", password=None, keytab=None,
-                                   ccache=cache.ccache)
+                                   ccache=cache.ccache, cruid=None)
 
     async def _user_session(self, conn, uid):
         """The session of ``uid`` on ``conn``, set up now if it has none (under self._lock); EACCES if it
@@ -355,6 +360,16 @@ class Client:
             return await trio.to_thread.run_sync(kerberos.user_cache, uid)
         except kerberos.NoCache as e:
             raise self._refuse(uid, f"{failing}{e}") from None
+
+    def _cruid_cache(self, failing=""):
+        """kerberos.user_cache of the mount's cruid= (blocking); ConnectionLost, ``failing`` before the
+        line of why, if none will do."""
+        cruid = self.target.cruid
+        try:
+            return kerberos.user_cache(cruid)
+        except kerberos.NoCache as e:
+            raise ConnectionLost(f"{failing}Kerberos logon to {self.where} from the cache of cruid={cruid} "
+                                 f"failed: {e}") from None
 
     def _refuse(self, uid, why):
         """The EACCES for a user whose session cannot be set up; logged once per uid and reason."""
@@ -429,7 +444,15 @@ class Client:
             if self._renewals.get(uid, 0) != renewals or conn is None or session is None:
                 return
             failing = "session expired, and renewing it failed: "
-            cache = None if uid is None else await self._user_cache(uid, failing)
+            if uid is not None:
+                cache = await self._user_cache(uid, failing)
+            elif self.target.cruid is not None:
+                try:
+                    cache = await trio.to_thread.run_sync(self._cruid_cache, failing)
+                except ConnectionLost as e:
+                    raise self._lost(conn, e.strerror) from None
+            else:
+                cache = None
             target = self.target if cache is None else self.user_target(cache)
             with cache or contextlib.nullcontext():
                 try:

@@ -60,6 +60,7 @@ class Target:
     sec: str = "ntlmssp"  # "krb5" or "ntlmssp" (auth.SECURITY)
     ccache: str | None = None  # the Kerberos credential cache ("TYPE:residual"); None: the library's default
     keytab: str | None = None  # keytab= : log on as the principal in username= with its key, no cache
+    cruid: int | None = None  # cruid= : log on from this uid's cache, looked up at each logon (kerberos.user_cache)
     multiuser: bool = False  # each local user but root in a session of their own (client.py)
 
     @property
@@ -96,7 +97,7 @@ def parse(url, options, environ=os.environ):
     user = _one_of("user name", user, _text(options, "username"), creds.get("username"))
     domain = _one_of("domain", domain, _text(options, "domain"), creds.get("domain"))
     password = creds.get("password", environ.get("PASSWD"))
-    sec, ccache, keytab = auth.choose(options, user, domain, password, environ)
+    sec, ccache, keytab, cruid = auth.choose(options, user, domain, password, environ)
     if not user and (sec == "ntlmssp" or keytab):
         raise ValueError("no user name: give smb://user@host/share, -o username= or a credentials file"
                          + (" (keytab= logs on as the principal named there)" if keytab else ""))
@@ -128,7 +129,7 @@ def parse(url, options, environ=os.environ):
                   domain=domain or "", password=password, dialect=DIALECTS[vers], seal=seal,
                   file_mode=_mode(options, "file_mode", 0o755), dir_mode=_mode(options, "dir_mode", 0o755),
                   close_after=close_after or 0, dir_cache=dir_cache or 0, posix=posix, sec=sec, ccache=ccache,
-                  keytab=keytab, multiuser=multiuser)
+                  keytab=keytab, cruid=cruid, multiuser=multiuser)
 
 
 def _posix(options, dialect):
