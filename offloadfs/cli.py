@@ -284,7 +284,8 @@ MOUNT_OPTIONS = [
     ("SMB: username=, domain=, port=, file_mode=, dir_mode=, seal, vers=",
      "as in mount.cifs; vers: 3.1.1, 3.0.2, 3.0, 2.1"),
     ("SMB: closetimeo=SECONDS", "keep a released read-only handle open under its lease (0: off, the default)"),
-    ("SMB: sec=krb5|ntlmssp, cruid=UID, keytab=FILE", "Kerberos from a ticket cache or keytab, or NTLM"),
+    ("SMB: sec=krb5|ntlmssp, cruid=UID, keytab=FILE", "Kerberos from a ticket cache (cruid=: that user's, "
+     "found as for multiuser) or keytab, or NTLM"),
     ("SMB: multiuser", "with allow_other and Kerberos: each user in a session of their own, from their own "
                        "cache (default_ccache_name, /tmp/krb5cc_UID[_*])"),
     ("SMB: dir_cache_timeout=SECONDS", "keep a listing under a directory lease (0: off, the default)"),
