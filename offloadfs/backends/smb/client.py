@@ -330,8 +330,8 @@ class Client:
             return conn, self.trees[uid, share]
 
     def user_target(self, cache):
-        """The Target a user's session logs on with: their kerberos.UserCache, nothing of the mount's
-        credentials."""
+        """The Target a session logs on with from kerberos.UserCache ``cache`` (a multiuser user's, or the
+        mount's with cruid=): the cache's principal, nothing of the mount's credentials."""
         return dataclasses.replace(self.target, username=cache.principal, domain="", password=None, keytab=None,
                                    ccache=cache.ccache, cruid=None)
 
