@@ -125,19 +125,85 @@ def test_a_keytab_needs_no_cache(realm, tmp_path, monkeypatch):
     assert not (tmp_path / "none").exists()  # the keytab's ticket stays in the daemon's memory
 
 
-def test_cruid_takes_that_users_cache(realm, tmp_path, monkeypatch):
-    ensure_user()  # a uid of the lab's own, so that no real user's cache is touched
-    uid = pwd.getpwnam(LAB_USER).pw_uid
-    cache = Path(f"/tmp/krb5cc_{uid}")
+@pytest.fixture
+def lab_user():
+    """The lab's user (a uid of its own, so that no real user's cache is touched), with no cache of theirs
+    in /tmp before or after."""
+    ensure_user()
+    user = pwd.getpwnam(LAB_USER)
+
+    def clear():
+        for cache in Path("/tmp").glob(f"krb5cc_{user.pw_uid}*"):
+            cache.unlink()
+    clear()
+    yield user
+    clear()
+
+
+def give_ticket(realm, user, cache, lifetime=None):
+    """kinit into ``cache`` as the lab's principal, and make the file ``user``'s."""
+    realm.kinit(cache, lifetime)
+    os.chown(cache, user.pw_uid, user.pw_gid)
+
+
+def test_cruid_takes_that_users_cache(realm, tmp_path, monkeypatch, lab_user):
+    uid = lab_user.pw_uid
+    give_ticket(realm, lab_user, f"/tmp/krb5cc_{uid}")
     monkeypatch.setenv("KRB5CCNAME", f"FILE:{tmp_path / 'none'}")  # the caller's own: no ticket
     url, backing = fresh_dir(realm, "xfs")
-    try:
-        realm.kinit(cache)
-        with offloadfs_mount(url, options=[f"cruid={uid}"]) as mnt:
-            (mnt / "f").write_bytes(b"as that user")
-    finally:
-        cache.unlink(missing_ok=True)
+    with offloadfs_mount(url, options=[f"cruid={uid}"]) as mnt:
+        (mnt / "f").write_bytes(b"as that user")
     assert (backing / "f").read_bytes() == b"as that user"
+
+
+def test_cruid_finds_that_users_ticket_where_sssd_puts_it(realm, tmp_path, monkeypatch, lab_user):
+    """Issue #32: cruid= looks the cache up as cifs.upcall does, /tmp/krb5cc_UID_XXXXXX included."""
+    uid = lab_user.pw_uid
+    give_ticket(realm, lab_user, f"/tmp/krb5cc_{uid}_abc123")
+    monkeypatch.setenv("KRB5CCNAME", f"FILE:{tmp_path / 'none'}")
+    url, backing = fresh_dir(realm, "xfs")
+    with offloadfs_mount(url, options=["sec=krb5", f"cruid={uid}"]) as mnt:
+        (mnt / "f").write_bytes(b"as that user")
+    assert (backing / "f").read_bytes() == b"as that user"
+
+
+def test_cruid_never_takes_a_cache_not_of_that_user(realm, tmp_path, monkeypatch, lab_user):
+    """A ticket in a file named for the uid but not theirs (root's here) fails the mount, in one line."""
+    uid = lab_user.pw_uid
+    realm.kinit(Path(f"/tmp/krb5cc_{uid}"))
+    monkeypatch.setenv("KRB5CCNAME", f"FILE:{tmp_path / 'none'}")
+    url, _ = fresh_dir(realm, "xfs")
+    line = mount_fails(url, [f"cruid={uid}"])
+    assert f"cruid={uid} failed: /tmp/krb5cc_{uid} belongs to uid 0, not to the user" in line, line
+
+
+def test_cruid_renews_from_that_users_cache_as_found_then(realm, tmp_path, monkeypatch, lab_user):
+    """The session's ticket expires; before it did, the user got a new one in a cache of another name (as
+    sssd names each logon's): the session is renewed from that one, looked up again, and I/O goes on."""
+    uid = lab_user.pw_uid
+    give_ticket(realm, lab_user, f"/tmp/krb5cc_{uid}_first", f"{SHORTEST_TICKET}s")
+    expires = time.monotonic() + SHORTEST_TICKET
+    monkeypatch.setenv("KRB5CCNAME", f"FILE:{tmp_path / 'none'}")
+    url, backing = fresh_dir(realm, "xfs")
+    written = bytearray()
+    log = tmp_path / "log"
+    with offloadfs_mount(url, options=[f"cruid={uid}", f"logfile={log}"]) as mnt:
+        renewed = False
+        with open(mnt / "f", "wb", buffering=0) as f:
+            while time.monotonic() < expires + 20:
+                if not renewed and time.monotonic() > expires - 60:
+                    give_ticket(realm, lab_user, f"/tmp/krb5cc_{uid}_second")
+                    renewed = True
+                block = os.urandom(64 * 1024)
+                f.write(block)
+                os.fsync(f.fileno())
+                written += block
+                time.sleep(1)
+    assert (backing / "f").read_bytes() == written
+    text = log.read_text()
+    assert f"cruid={uid}: session on {realm.host} as {realm.principal}" in text, text
+    assert f"session on {realm.host} expired: renewed as {realm.principal}" in text, text
+    assert f"from FILE:/tmp/krb5cc_{uid}_second" in text, text
 
 
 def test_each_failure_is_one_line(realm, tmp_path, monkeypatch):

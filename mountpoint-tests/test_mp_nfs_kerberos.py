@@ -12,11 +12,10 @@ import pwd
 import subprocess
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 from mpkit import MiB, sh
-from test_mp_kerberos import FAKETIME, MISSING, SHORTEST_TICKET, mount_fails
+from test_mp_kerberos import FAKETIME, MISSING, SHORTEST_TICKET, lab_user, mount_fails  # noqa: F401 (a fixture)
 from test_mp_random_data import random_run
 
 from offloadfs.lab.addc import nfs_kerberos_lab
@@ -184,17 +183,9 @@ def user_reads(lab, user):
 
 
 @pytest.fixture
-def user_caches():
+def user_caches(lab_user):
     """The lab user, with no cache of theirs in /tmp before or after."""
-    ensure_user()
-    user = pwd.getpwnam(LAB_USER)
-
-    def clear():
-        for cache in Path("/tmp").glob(f"krb5cc_{user.pw_uid}*"):
-            cache.unlink()
-    clear()
-    yield user
-    clear()
+    return lab_user
 
 
 def give_ticket(realm, user, cache):
@@ -234,3 +225,24 @@ def test_a_cache_not_of_the_user_is_refused_whatever_its_name(lab, realm, tmp_pa
     os.chown(cache, user.pw_uid + 1, user.pw_gid)
     proc = user_reads(lab, user)
     assert proc.returncode != 0 and os.strerror(errno.EACCES) in proc.stderr, proc
+
+
+def test_cruid_finds_that_users_ticket_where_sssd_puts_it(lab, realm, tmp_path, monkeypatch, user_caches):
+    """Issue #32: the mount's own contexts with cruid= come from that uid's cache as a user's are found."""
+    user = user_caches
+    monkeypatch.setenv("KRB5CCNAME", f"FILE:{tmp_path / 'none'}")  # the caller's own: no ticket
+    give_ticket(realm, user, f"/tmp/krb5cc_{user.pw_uid}_abc123")
+    url, backing = fresh_dir(lab)
+    with offloadfs_mount(url, options=["sec=krb5", f"cruid={user.pw_uid}"]) as mnt:
+        (mnt / "f").write_bytes(b"as that user")
+    assert (backing / "f").read_bytes() == b"as that user"
+
+
+def test_cruid_never_takes_a_cache_not_of_that_user(lab, realm, tmp_path, monkeypatch, user_caches):
+    """A ticket in a file named for the uid but not theirs (root's here) fails the mount, in one line."""
+    uid = user_caches.pw_uid
+    realm.kinit(f"/tmp/krb5cc_{uid}")
+    monkeypatch.setenv("KRB5CCNAME", f"FILE:{tmp_path / 'none'}")
+    url, _ = fresh_dir(lab)
+    line = mount_fails(url, ["sec=krb5", f"cruid={uid}"])
+    assert f"cruid={uid}: /tmp/krb5cc_{uid} belongs to uid 0, not to the user" in line, line
