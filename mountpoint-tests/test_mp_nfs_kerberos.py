@@ -26,7 +26,7 @@ from test_mp_kerberos import FAKETIME, MISSING, SHORTEST_TICKET, mount_fails
 from test_mp_random_data import random_run
 
 from offloadfs.lab.addc import nfs_kerberos_lab
-from offloadfs.lab.mount import offloadfs_mount
+from offloadfs.lab.mount import offloadfs_mount, status
 from offloadfs.lab.nfsd import ksmbd, nfsd_lab
 from offloadfs.lab.samba import USER as LAB_USER
 from offloadfs.lab.samba import ensure_user
@@ -42,12 +42,13 @@ SECTYPES = ("sys",) + FLAVOURS
 @dataclass
 class Place:
     """An export taking Kerberos: the server's `host`, the `realm`'s DC, `root` the export seen without
-    the mount under test, `restart` the server's."""
+    the mount under test, `restart` the server's; `copies`: whether the server copies (COPY or CLONE)."""
 
     host: str
     realm: object
     root: Path
     restart: Callable
+    copies: bool
 
     def fresh_dir(self):
         """(URL, path under root) of a new directory on the export."""
@@ -70,13 +71,13 @@ def lab(request):
     with contextlib.ExitStack() as stack:
         if request.param == "nfs-ganesha":
             lab = stack.enter_context(nfs_kerberos_lab())
-            yield Place(lab.server.host, lab.realm, lab.server.path, lab.server.restart)
+            yield Place(lab.server.host, lab.realm, lab.server.path, lab.server.restart, copies=False)
             return
         # nfsd's export is seen through a mount with AUTH_SYS, as in nfskit.
         nfsd = stack.enter_context(nfsd_lab(kernel=ksmbd.kernel(), sectypes=SECTYPES))
         host = nfsd.guest.host
         view = stack.enter_context(offloadfs_mount(f"nfs://{host}/export", options=["sec=sys", *VIEW_OPTIONS]))
-        yield Place(host, nfsd.realm, view, functools.partial(restart_nfsd, nfsd.guest))
+        yield Place(host, nfsd.realm, view, functools.partial(restart_nfsd, nfsd.guest), copies=True)
 
 
 @pytest.fixture
@@ -104,6 +105,9 @@ def test_each_flavour_reads_writes_and_copies(lab, realm, tmp_path, monkeypatch,
         assert (mnt / "g").read_bytes() == data[:1000]
         sh("cp", mnt / "f", mnt / "copy")
         assert (backing / "copy").read_bytes() == data
+        # nfsd copies under RPCSEC_GSS too (a same-server CLONE or COPY); ganesha 4.3 has neither.
+        copied = status(mnt)["counters"]["copy_bytes"]
+        assert copied["clone"] + copied["server_copy"] == (len(data) if lab.copies else 0), copied
     klist = subprocess.run(["klist", "-c", f"FILE:{ccache}"], capture_output=True, text=True).stdout
     assert f"nfs/{lab.host}@{realm.realm}" in klist  # the ticket for the host as the URL gives it
 
