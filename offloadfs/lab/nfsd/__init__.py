@@ -43,7 +43,7 @@ from offloadfs.lab.loopfs import DEFAULT_SIZE, MKFS
 from offloadfs.lab.loopfs import run as run_checked
 from offloadfs.lab.net import server_namespace
 from offloadfs.lab.nfsd.build import KERNEL, guest_files
-from offloadfs.lab.nfsd.krb5 import secinfo
+from offloadfs.lab.nfsd.krb5 import FLAVOURS, secinfo
 from offloadfs.lab.samba import PASSWORD, USER
 
 BRIDGE = "labbr0"
@@ -239,7 +239,8 @@ def nfsd_lab(guests=1, rate=None, size=DEFAULT_SIZE, kernel=KERNEL, ssc=False, k
                 if ksmbd:
                     settings.update(ksmbd="Y", smb_user=USER, smb_password=PASSWORD)
                 if sectypes:
-                    settings["sec"] = secinfo(sectypes)
+                    # The pseudo root takes every flavour, as exportfs makes it: the way to any export.
+                    settings.update(sec=secinfo(sectypes), sec_root=secinfo(FLAVOURS))
                 if realm:
                     # Principals act as the anonymous uid (krb5-up.sh): root, as the realm's user is on ganesha's.
                     settings.update(krb5="Y", anon=0)
