@@ -13,7 +13,13 @@ and sha1 are built into Debian's kernel) are listed outright: there is no
 modprobe in the guest.
 
 The keytab and a krb5.conf come from the realm's DC (addc.py) at boot, the
-rest is cached like the kernel.
+rest is cached like the kernel. The guest never asks the KDC: with the DC's
+address blackholed in the guest, new krb5p contexts still came up.
+
+Boot the newest kernel apt knows (ksmbd.kernel(), 6.12) for krb5p: bookworm's
+6.1 nfsd unwraps our krb5p calls (no rpcgss unwrap or seqno tracepoint
+fires) and then answers GARBAGE_ARGS (nfsd_garbage_args_err); 6.12 takes
+them. krb5 and krb5i work on both.
 """
 
 from pathlib import Path
