@@ -6,7 +6,8 @@ Not a test: it prints a table and asserts nothing. Run as root:
 
 One ganesha in the lab's AD realm (offloadfs/lab/addc.py nfs_kerberos_lab)
 exports an xfs, or with --server nfsd the nfsd guest with rpc.svcgssd
-(offloadfs/lab/nfsd/krb5.py; TCG: compare its ratios, not its MiB/s); four mounts of it, one per flavour, take turns, each run
+(offloadfs/lab/nfsd/krb5.py; TCG: compare its ratios, not its MiB/s); four
+mounts of it, one per flavour, take turns, each run
 writing a fresh file with dd from one on tmpfs (direct I/O, so the kernel's page cache is out
 of it, 1 MiB requests, fsync at the end) and reading it back the same way.
 It prints the median MiB/s of each and its ratio to sys: krb5 adds a MIC per

@@ -22,7 +22,8 @@ for arg in $(cat /proc/cmdline); do
         lab.*=*) name=${arg%%=*}; eval "${name#lab.}=\${arg#*=}" ;;
     esac
 done
-export addr threads hostname smb_user smb_password sec sec_root anon  # for nfsd-up and ksmbd-up, here and in the host's commands
+# For nfsd-up and ksmbd-up, here and in the host's commands.
+export addr threads hostname smb_user smb_password sec sec_root anon
 
 # Modules in dependency order, as the host's build resolved it.
 for ko in $(cat /lib/modules/order); do
