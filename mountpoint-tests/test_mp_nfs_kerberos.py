@@ -1,37 +1,83 @@
-"""offloadfs on an nfs-ganesha export that takes Kerberos (RPCSEC_GSS) from the lab's AD realm
-(offloadfs/lab/addc.py nfs_kerberos_lab).
+"""offloadfs on NFS exports that take Kerberos (RPCSEC_GSS) from the lab's AD realm: nfs-ganesha's
+(offloadfs/lab/addc.py nfs_kerberos_lab) and Linux nfsd's with rpc.svcgssd in the qemu guest
+("nfsd-krb5", offloadfs/lab/nfsd/krb5.py), each test on both.
 
 Each flavour reads, writes and copies; privacy keeps data whole through the
 random data test; a context whose ticket ends is set up again from the
 renewed cache; a user with no ticket of their own is refused; and each way
 getting a ticket fails is one line of what to do.
 """
+import contextlib
 import errno
+import functools
 import os
 import pwd
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 import pytest
 from mpkit import MiB, sh
+from nfskit import VIEW_OPTIONS
 from test_mp_kerberos import FAKETIME, MISSING, SHORTEST_TICKET, lab_user, mount_fails  # noqa: F401 (a fixture)
 from test_mp_random_data import random_run
 
 from offloadfs.lab.addc import nfs_kerberos_lab
-from offloadfs.lab.mount import offloadfs_mount
+from offloadfs.lab.mount import offloadfs_mount, status
+from offloadfs.lab.nfsd import ksmbd, nfsd_lab
 from offloadfs.lab.samba import USER as LAB_USER
 from offloadfs.lab.samba import ensure_user
 
 pytestmark = pytest.mark.skipif(bool(MISSING), reason="needs " + ", ".join(MISSING))
 
 FLAVOURS = ("krb5", "krb5i", "krb5p")
+SECTYPES = ("sys",) + FLAVOURS
+# nfsd's guest boots the newest kernel apt knows (ksmbd.kernel(), 6.12): 6.1's nfsd answers every
+# krb5p call of ours GARBAGE_ARGS (its unwrap fails), where 6.12's takes them.
 
 
-@pytest.fixture(scope="module")
-def lab():
-    with nfs_kerberos_lab() as lab:
-        yield lab
+@dataclass
+class Place:
+    """An export taking Kerberos: the server's `host`, the `realm`'s DC, `root` the export seen without
+    the mount under test, `restart` the server's; `copies`: whether the server copies (COPY or CLONE)."""
+
+    host: str
+    realm: object
+    root: Path
+    restart: Callable
+    copies: bool
+
+    def fresh_dir(self):
+        """(URL, path under root) of a new directory on the export."""
+        name = f"t-{uuid.uuid4().hex[:10]}"
+        path = self.root / name
+        path.mkdir()
+        path.chmod(0o777)
+        return f"nfs://{self.host}/export/{name}", path
+
+
+def restart_nfsd(guest):
+    """nfsd stopped and started: its RPCSEC_GSS contexts flushed, no grace period to wait out."""
+    status, out = guest.run("echo 0 > /proc/fs/nfsd/threads && date +%s > /proc/net/rpc/auth.rpcsec.context/flush"
+                            " && nfsd-up && echo Y > /proc/fs/nfsd/v4_end_grace")
+    assert status == 0, out
+
+
+@pytest.fixture(scope="module", params=["nfs-ganesha", "nfsd-krb5"])
+def lab(request):
+    with contextlib.ExitStack() as stack:
+        if request.param == "nfs-ganesha":
+            lab = stack.enter_context(nfs_kerberos_lab())
+            yield Place(lab.server.host, lab.realm, lab.server.path, lab.server.restart, copies=False)
+            return
+        # nfsd's export is seen through a mount with AUTH_SYS, as in nfskit.
+        nfsd = stack.enter_context(nfsd_lab(kernel=ksmbd.kernel(), sectypes=SECTYPES))
+        host = nfsd.guest.host
+        view = stack.enter_context(offloadfs_mount(f"nfs://{host}/export", options=["sec=sys", *VIEW_OPTIONS]))
+        yield Place(host, nfsd.realm, view, functools.partial(restart_nfsd, nfsd.guest), copies=True)
 
 
 @pytest.fixture
@@ -39,15 +85,6 @@ def realm(lab, monkeypatch):
     """The lab realm's krb5.conf for this process and the mounts it starts; returns the DC."""
     monkeypatch.setenv("KRB5_CONFIG", str(lab.realm.krb5_conf))
     return lab.realm
-
-
-def fresh_dir(lab):
-    """(URL, server-side path) of a new directory on the export."""
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    path = lab.server.path / name
-    path.mkdir()
-    path.chmod(0o777)
-    return f"nfs://{lab.server.host}/export/{name}", path
 
 
 def with_ticket(realm, tmp_path, monkeypatch, lifetime=None):
@@ -59,7 +96,7 @@ def with_ticket(realm, tmp_path, monkeypatch, lifetime=None):
 @pytest.mark.parametrize("sec", FLAVOURS)
 def test_each_flavour_reads_writes_and_copies(lab, realm, tmp_path, monkeypatch, sec):
     ccache = with_ticket(realm, tmp_path, monkeypatch)
-    url, backing = fresh_dir(lab)
+    url, backing = lab.fresh_dir()
     with offloadfs_mount(url, options=[f"sec={sec}"]) as mnt:
         data = os.urandom(3 * MiB + 17)
         (mnt / "f").write_bytes(data)
@@ -68,13 +105,16 @@ def test_each_flavour_reads_writes_and_copies(lab, realm, tmp_path, monkeypatch,
         assert (mnt / "g").read_bytes() == data[:1000]
         sh("cp", mnt / "f", mnt / "copy")
         assert (backing / "copy").read_bytes() == data
+        # nfsd copies under RPCSEC_GSS too (a same-server CLONE or COPY); ganesha 4.3 has neither.
+        copied = status(mnt)["counters"]["copy_bytes"]
+        assert copied["clone"] + copied["server_copy"] == (len(data) if lab.copies else 0), copied
     klist = subprocess.run(["klist", "-c", f"FILE:{ccache}"], capture_output=True, text=True).stdout
-    assert f"nfs/{lab.server.host}@{realm.realm}" in klist  # the ticket for the host as the URL gives it
+    assert f"nfs/{lab.host}@{realm.realm}" in klist  # the ticket for the host as the URL gives it
 
 
 def test_without_sec_the_server_chooses_and_sys_wins(lab, realm, tmp_path, monkeypatch):
     monkeypatch.setenv("KRB5CCNAME", f"FILE:{tmp_path / 'none'}")  # no ticket: only AUTH_SYS can work
-    url, backing = fresh_dir(lab)
+    url, backing = lab.fresh_dir()
     with offloadfs_mount(url) as mnt:
         (mnt / "f").write_bytes(b"as root, AUTH_SYS")
     assert (backing / "f").read_bytes() == b"as root, AUTH_SYS"
@@ -82,14 +122,14 @@ def test_without_sec_the_server_chooses_and_sys_wins(lab, realm, tmp_path, monke
 
 def test_private_data_stays_whole(lab, realm, tmp_path, monkeypatch):
     with_ticket(realm, tmp_path, monkeypatch)
-    url, backing = fresh_dir(lab)
+    url, backing = lab.fresh_dir()
     with offloadfs_mount(url, options=["sec=krb5p"]) as mnt:
         random_run(mnt, backing, 2000)
 
 
 def test_a_keytab_needs_no_cache(lab, realm, tmp_path, monkeypatch):
     monkeypatch.setenv("KRB5CCNAME", f"FILE:{tmp_path / 'none'}")
-    url, backing = fresh_dir(lab)
+    url, backing = lab.fresh_dir()
     with offloadfs_mount(url, options=["sec=krb5i", f"keytab={realm.keytab}"]) as mnt:
         (mnt / "f").write_bytes(b"at boot")
     assert (backing / "f").read_bytes() == b"at boot"
@@ -103,7 +143,7 @@ def test_a_user_without_a_ticket_is_refused(lab, realm, tmp_path, monkeypatch):
     user = pwd.getpwnam(LAB_USER)
     cache = f"/tmp/krb5cc_{user.pw_uid}"
     assert not os.path.exists(cache)
-    url, backing = fresh_dir(lab)
+    url, backing = lab.fresh_dir()
     with offloadfs_mount(url, options=["sec=krb5", "allow_other"]) as mnt:
         (mnt / "root").write_bytes(b"root's")
         proc = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
@@ -120,7 +160,7 @@ def test_a_user_without_a_ticket_is_refused(lab, realm, tmp_path, monkeypatch):
 
 
 def test_each_failure_is_one_line(lab, realm, tmp_path, monkeypatch):
-    url, _ = fresh_dir(lab)
+    url, _ = lab.fresh_dir()
     monkeypatch.setenv("KRB5CCNAME", f"FILE:{tmp_path / 'none'}")
     assert "no Kerberos ticket: run kinit" in mount_fails(url, ["sec=krb5"])
     line = mount_fails(url, ["sec=krb5", f"keytab={realm.stale_keytab}"])
@@ -132,7 +172,7 @@ def test_each_failure_is_one_line(lab, realm, tmp_path, monkeypatch):
                                          ("+2d", "the Kerberos ticket has expired: run kinit again")])
 def test_clock_skew_and_an_expired_ticket_are_one_line(lab, realm, tmp_path, monkeypatch, ahead, line):
     with_ticket(realm, tmp_path, monkeypatch)
-    url, _ = fresh_dir(lab)
+    url, _ = lab.fresh_dir()
     # The mount's clock ahead of the KDC's: an hour is skew, two days outlive the ticket.
     monkeypatch.setenv("LD_PRELOAD", FAKETIME)
     monkeypatch.setenv("FAKETIME", ahead)
@@ -142,11 +182,11 @@ def test_clock_skew_and_an_expired_ticket_are_one_line(lab, realm, tmp_path, mon
 
 @pytest.mark.slow  # waits out a ticket: about three minutes
 def test_a_context_whose_ticket_ended_is_set_up_again(lab, realm, tmp_path, monkeypatch):
-    """ganesha refuses a context once its ticket has ended (RPCSEC_GSS_CREDPROBLEM); meanwhile the user
+    """The server refuses a context once its ticket has ended (RPCSEC_GSS_CREDPROBLEM); meanwhile the user
     renewed the cache, so a new context goes on with the I/O."""
     # A shorter ticket is refused as expired when the service ticket is asked for.
     ccache = with_ticket(realm, tmp_path, monkeypatch, f"{SHORTEST_TICKET}s")
-    url, backing = fresh_dir(lab)
+    url, backing = lab.fresh_dir()
     log = tmp_path / "log"
     with offloadfs_mount(url, options=["sec=krb5i", f"logfile={log}"]) as mnt:
         (mnt / "f").write_bytes(b"before")
@@ -159,14 +199,14 @@ def test_a_context_whose_ticket_ended_is_set_up_again(lab, realm, tmp_path, monk
 
 
 def test_contexts_are_set_up_again_after_a_server_restart(lab, realm, tmp_path, monkeypatch):
-    """A restarted ganesha knows no context: it answers RPCSEC_GSS_CREDPROBLEM, and the client sets up
+    """A restarted server knows no context: it answers RPCSEC_GSS_CREDPROBLEM, and the client sets up
     another and sends the request again."""
     with_ticket(realm, tmp_path, monkeypatch)
-    url, backing = fresh_dir(lab)
+    url, backing = lab.fresh_dir()
     log = tmp_path / "log"
     with offloadfs_mount(url, options=["sec=krb5p", f"logfile={log}"]) as mnt:
         (mnt / "f").write_bytes(b"before")
-        lab.server.restart()
+        lab.restart()
         (mnt / "g").write_bytes(b"after")
         assert (mnt / "f").read_bytes() == b"before"
     assert (backing / "g").read_bytes() == b"after"

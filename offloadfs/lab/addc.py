@@ -149,7 +149,7 @@ class DomainController(SambaServer):
         self.users = ()  # more domain users (MULTIUSER_USERS on a multiuser DC), with self.password
         self.alias = None  # a second address of the server, with no cifs/ service principal
         self.krb5_conf = workdir / "krb5.conf"
-        self.nfs_keytab = workdir / "nfs.keytab"  # nfs/ADDRESS's keys, made by domain_controller(nfs=True)
+        self.nfs_keytab = workdir / "nfs.keytab"  # nfs/ADDRESS's keys, made by domain_controller(nfs_hosts=...)
 
     def command(self):
         return ["samba", "--foreground", "--no-process-group", "--model=single", "-s", str(self.conf)]
@@ -196,18 +196,20 @@ def write_config(workdir, host, alias, shares, multiuser=False):
 
 
 def add_alias(net):
-    """A second address on the server's end of the link (the next in its /24), for a client that names the
-    server by something the KDC has no service principal for."""
-    alias = str(ipaddress.ip_address(net.server_addr) + 1)
-    run("ip", "-n", net.name, "addr", "add", f"{alias}/24", "dev", "lab0")
+    """A second address beside the server's (the last of its /24: the nfsd lab's guests take the first
+    ones), for a client that names the server by something the KDC has no service principal for."""
+    alias = str(ipaddress.ip_network(f"{net.server_addr}/24", strict=False)[-2])
+    # The server's device: the link's end, or the bridge that took its address (nfsd lab).
+    device = run("ip", "-n", net.name, "-o", "addr", "show", "to", net.server_addr).split()[1]
+    run("ip", "-n", net.name, "addr", "add", f"{alias}/24", "dev", device)
     return alias
 
 
 @contextlib.contextmanager
-def domain_controller(shares, net, nfs=False, multiuser=False):
+def domain_controller(shares, net, nfs_hosts=(), multiuser=False):
     """Yield a running DomainController in lab Namespace ``net`` exporting shares {name: (path, kind)};
-    waits for one that another run holds to stop (see ONE_AT_A_TIME).  With ``nfs`` the machine account
-    also gets nfs/ADDRESS, whose keys go to ``nfs_keytab`` for an NFS server beside the DC.
+    waits for one that another run holds to stop (see ONE_AT_A_TIME).  For each address in ``nfs_hosts``
+    the machine account also gets nfs/ADDRESS, whose keys go to ``nfs_keytab`` for the NFS servers there.
     ``multiuser``: see the module."""
     shares = {name: Share(name, Path(path), kind) for name, (path, kind) in shares.items()}
     tree = provisioned()
@@ -223,8 +225,8 @@ def domain_controller(shares, net, nfs=False, multiuser=False):
         for user in users:
             run("samba-tool", "user", "create", user, PASSWORD, conf)
         server = DomainController(shares, net.server_addr, net, workdir)
-        if nfs:
-            nfs_principal = f"nfs/{net.server_addr}"
+        for host in nfs_hosts:
+            nfs_principal = f"nfs/{host}"
             run("samba-tool", "spn", "add", nfs_principal, f"{DC_NAME.upper()}$", conf)
             run("samba-tool", "domain", "exportkeytab", str(server.nfs_keytab), f"--principal={nfs_principal}", conf)
         server.alias = alias
@@ -259,7 +261,7 @@ def nfs_kerberos_lab(rate=None, sectypes=("sys", "krb5", "krb5i", "krb5p")):
         net = stack.enter_context(server_namespace(rate))
         root = stack.enter_context(loop_filesystem("xfs"))
         (root / "export").mkdir()
-        dc = stack.enter_context(domain_controller({}, net, nfs=True))
+        dc = stack.enter_context(domain_controller({}, net, nfs_hosts=[net.server_addr]))
         lab = Lab([stack.enter_context(ganesha_server(root / "export", net, realm=dc, sectypes=sectypes))])
         lab.realm = dc
         yield lab

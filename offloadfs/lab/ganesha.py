@@ -158,8 +158,8 @@ def ganesha_server(path, net=None, port=PORT, root_squash=False, grace=None, rea
     address; without, it binds 127.0.0.1. With `root_squash` root's requests
     become nobody's, as on most real exports. Without `grace` (seconds) a
     restarted server has no grace period: clients cannot reclaim, nor wait.
-    With `realm` (an addc.DomainController made with nfs=True, in the same
-    namespace) ganesha takes Kerberos with its nfs/ keys, and the realm's user
+    With `realm` (an addc.DomainController made with nfs_hosts=[its address], in
+    the same namespace) ganesha takes Kerberos with its nfs/ keys, and the realm's user
     is root on the export; `sectypes` are the flavours the export takes.
     The process is gone on exit.
     """

@@ -43,6 +43,7 @@ from offloadfs.lab.loopfs import DEFAULT_SIZE, MKFS
 from offloadfs.lab.loopfs import run as run_checked
 from offloadfs.lab.net import server_namespace
 from offloadfs.lab.nfsd.build import KERNEL, guest_files
+from offloadfs.lab.nfsd.krb5 import FLAVOURS, secinfo
 from offloadfs.lab.samba import PASSWORD, USER
 
 BRIDGE = "labbr0"
@@ -132,10 +133,12 @@ def answer_end(received, token):
 
 @dataclass
 class NfsdLab:
-    """A namespace (net.Namespace) with guests on its bridge; `guest` is the first."""
+    """A namespace (net.Namespace) with guests on its bridge; `guest` is the first; `realm` the
+    Kerberos realm's DC (addc.DomainController) of a lab serving RPCSEC_GSS."""
 
     net: object
     guests: list
+    realm: object = None
 
     @property
     def guest(self):
@@ -196,7 +199,7 @@ def wait_ready(guest):
 
 
 @contextlib.contextmanager
-def nfsd_lab(guests=1, rate=None, size=DEFAULT_SIZE, kernel=KERNEL, ssc=False, ksmbd=False):
+def nfsd_lab(guests=1, rate=None, size=DEFAULT_SIZE, kernel=KERNEL, ssc=False, ksmbd=False, sectypes=None):
     """Yield an NfsdLab of `guests` booted nfsd guests in one namespace.
 
     Each exports a fresh sparse xfs image of `size` bytes (reflink on) as
@@ -205,19 +208,29 @@ def nfsd_lab(guests=1, rate=None, size=DEFAULT_SIZE, kernel=KERNEL, ssc=False, k
     kernel is the Debian linux-image package to boot. ssc: guests can copy
     between each other (the first run builds nfsd, ~1.5 min). ksmbd: guests
     serve /export over SMB too, as share "xfs", and a tmpfs as share
-    "tmpfs" (ksmbd-up.sh), to the Samba lab's user and password. Every qemu,
+    "tmpfs" (ksmbd-up.sh), to the Samba lab's user and password. sectypes:
+    the flavours the exports take (names as in sec=; default AUTH_SYS alone);
+    with a krb5 flavour among them a Samba AD DC (addc.py) at the bridge's
+    address is the realm's KDC, holding each guest's nfs/ADDRESS, and the
+    guests run rpc.svcgssd with those keys (krb5.py). Every qemu, the DC,
     the images, taps, bridge and namespace are gone on exit.
     """
     with contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="offloadfs-nfsd-", dir="/var/tmp")))
-        vmlinux, initramfs = guest_files(workdir, kernel, ssc, ksmbd)
         ns = stack.enter_context(server_namespace(rate))
         taps = [f"labtap{i}" for i in range(guests)]
         make_bridge(ns, taps)
         subnet = ipaddress.ip_network(f"{ns.server_addr}/24", strict=False)
+        addrs = [str(subnet[3 + i]) for i in range(guests)]
+        realm = None
+        if any(sec.startswith("krb5") for sec in sectypes or ()):
+            from offloadfs.lab.addc import domain_controller  # only Kerberos labs need Samba's DC
+
+            realm = stack.enter_context(domain_controller({}, ns, nfs_hosts=addrs))
+        vmlinux, initramfs = guest_files(workdir, kernel, ssc, ksmbd, realm)
         started = []
-        for i, tap in enumerate(taps):
-            name, addr = f"nfsd{i}", str(subnet[3 + i])
+        for i, (tap, addr) in enumerate(zip(taps, addrs)):
+            name = f"nfsd{i}"
             image, console, commands = (workdir / f"{name}.{suffix}" for suffix in ("img", "console", "sock"))
             with open(image, "wb") as f:
                 f.truncate(size)
@@ -226,6 +239,12 @@ def nfsd_lab(guests=1, rate=None, size=DEFAULT_SIZE, kernel=KERNEL, ssc=False, k
                 settings = {"hostname": name, "inter_copy": "Y" if ssc else "N"}
                 if ksmbd:
                     settings.update(ksmbd="Y", smb_user=USER, smb_password=PASSWORD)
+                if sectypes:
+                    # The pseudo root takes every flavour, as exportfs makes it: the way to any export.
+                    settings.update(sec=secinfo(sectypes), sec_root=secinfo(FLAVOURS))
+                if realm:
+                    # Principals act as the anonymous uid (krb5-up.sh): root, as the realm's user is on ganesha's.
+                    settings.update(krb5="Y", anon=0)
                 command = qemu_command(vmlinux, initramfs, addr, tap, image, console, commands, settings)
                 process = ns.popen(*command, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
             guest = NfsdGuest(name, addr, PORT, EXPORT, image, console, commands, process)
@@ -234,4 +253,4 @@ def nfsd_lab(guests=1, rate=None, size=DEFAULT_SIZE, kernel=KERNEL, ssc=False, k
         # The guests boot in parallel; wait for all.
         for guest in started:
             wait_ready(guest)
-        yield NfsdLab(ns, started)
+        yield NfsdLab(ns, started, realm)

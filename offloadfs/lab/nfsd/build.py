@@ -230,6 +230,62 @@ def busybox_path():
     return cached(f"{name}_{version}", make) / "busybox"
 
 
+LIBDIRS = ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu")
+LOADER = "ld-linux-x86-64.so.2"
+
+
+def needed(binary):
+    """Sonames `binary` asks the loader for."""
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", run("readelf", "-d", str(binary)))
+
+
+def userland(key, packages, files):
+    """CACHE/key: a tree holding `files` (paths inside the Debian packages `packages`, each
+    (name, version)) at the same paths, and in lib/x86_64-linux-gnu the closure of the shared
+    libraries they need, found by following DT_NEEDED through the packages, with the loader.
+
+    Dynamic user-space programs travel into the guest this way; a library a program loads
+    with dlopen (a plugin) has no DT_NEEDED entry, so it is named among `files`.
+    """
+
+    def make(out, root):
+        for name, version in packages:
+            fetch(name, version, root)
+
+        def locate(soname):
+            found = [p for d in LIBDIRS if (p := root / d / soname).exists()]
+            if not found:
+                raise RuntimeError(f"{soname}: in none of {[name for name, _ in packages]}")
+            return found[0]
+
+        found = {LOADER: locate(LOADER)}
+        wanted = [root / file for file in files] + [found[LOADER]]
+        while wanted:
+            for soname in needed(wanted.pop()):
+                if soname not in found:
+                    found[soname] = locate(soname)
+                    wanted.append(found[soname])
+        for file in files:
+            (out / file).parent.mkdir(parents=True, exist_ok=True)
+            (out / file).write_bytes((root / file).read_bytes())
+        (out / LIBDIRS[0]).mkdir(parents=True, exist_ok=True)
+        for soname, path in found.items():
+            (out / LIBDIRS[0] / soname).write_bytes(path.read_bytes())
+
+    return cached(key, make)
+
+
+def userland_entries(tree):
+    """initramfs entries of a userland() tree: its directories and files, and the loader
+    where the programs name it (/lib64)."""
+    parts = [cpio_entry("lib64", 0o040755),
+             cpio_entry(f"lib64/{LOADER}", 0o120777, f"/{LIBDIRS[0]}/{LOADER}".encode())]
+    for path in sorted(tree.rglob("*")):  # a directory before what it holds
+        name = str(path.relative_to(tree))
+        parts.append(cpio_entry(name, 0o040755) if path.is_dir() else cpio_entry(name, 0o100755, path.read_bytes()))
+    return parts
+
+
 def cpio_entry(name, mode, data=b"", rdev=(0, 0)):
     """One entry of a newc cpio archive (what the kernel unpacks as initramfs)."""
     fields = (0, mode, 0, 0, 1, 0, len(data), 0, 0, rdev[0], rdev[1], len(name) + 1, 0)
@@ -255,13 +311,16 @@ def initramfs(busybox, modules, extra=()):
     return b"".join(parts)
 
 
-def guest_files(workdir, kernel=KERNEL, ssc=False, ksmbd=False):
+def guest_files(workdir, kernel=KERNEL, ssc=False, ksmbd=False, realm=None):
     """(vmlinux, initramfs) paths to boot `kernel` (a linux-image package),
-    with ssc able to copy between servers, with ksmbd able to serve SMB too;
-    the initramfs is written into workdir, the rest comes from the cache."""
-    from offloadfs.lab.nfsd import ksmbd as smb  # it builds on this module
+    with ssc able to copy between servers, with ksmbd able to serve SMB too,
+    with `realm` (an addc.DomainController holding the guests' nfs/ keys) able
+    to serve RPCSEC_GSS; the initramfs is written into workdir, the rest comes
+    from the cache."""
+    from offloadfs.lab.nfsd import krb5, ksmbd as smb  # they build on this module
 
-    kernel = kernel_dir(kernel, ssc, smb.MODULES if ksmbd else ())
+    kernel = kernel_dir(kernel, ssc, (smb.MODULES if ksmbd else ()) + (krb5.MODULES if realm else ()))
+    extra = (smb.entries() if ksmbd else []) + (krb5.entries(realm.nfs_keytab, realm.krb5_conf) if realm else [])
     image = Path(workdir, "initramfs.cpio")
-    image.write_bytes(initramfs(busybox_path(), kernel / "modules", smb.entries() if ksmbd else ()))
+    image.write_bytes(initramfs(busybox_path(), kernel / "modules", extra))
     return kernel / "vmlinux", image

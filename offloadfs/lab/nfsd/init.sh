@@ -22,7 +22,8 @@ for arg in $(cat /proc/cmdline); do
         lab.*=*) name=${arg%%=*}; eval "${name#lab.}=\${arg#*=}" ;;
     esac
 done
-export addr threads hostname smb_user smb_password  # for nfsd-up and ksmbd-up, here and in the host's commands
+# For nfsd-up and ksmbd-up, here and in the host's commands.
+export addr threads hostname smb_user smb_password sec sec_root anon
 
 # Modules in dependency order, as the host's build resolved it.
 for ko in $(cat /lib/modules/order); do
@@ -58,6 +59,10 @@ echo "$max_block_size" > max_block_size || fail "max_block_size"
 echo "$lease" > nfsv4leasetime || fail "lease time"
 echo "$grace" > nfsv4gracetime || fail "grace time"
 
+# RPCSEC_GSS (krb5.py): its daemon up before nfsd takes a request.
+if [ "$krb5" = Y ]; then
+    krb5-up || fail "krb5-up"
+fi
 nfsd-up || fail "nfsd-up"
 # Nothing to reclaim in a fresh guest: serve OPENs at once.
 echo Y > v4_end_grace || fail "v4_end_grace"

@@ -12,20 +12,19 @@ nfsd keeps serving the same disk: the tests look at what ksmbd stored
 through NFS, a path that does not go through ksmbd.
 """
 
-import re
 from pathlib import Path
 
-from offloadfs.lab.nfsd.build import cached, cpio_entry, depends, fetch, resolve, run
+from offloadfs.lab.nfsd import build
+from offloadfs.lab.nfsd.build import cpio_entry, depends, resolve, run
 
 TOOLS = "ksmbd-tools"
 # The packages whose files ksmbd.tools loads: glib, libnl and their own needs, and the C library.
 LIBRARY_PACKAGES = ("libglib2.0-0", "libnl-3-200", "libnl-genl-3-200", "libpcre2-8-0", "libc6")
-LIBDIRS = ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu")
-LOADER = "ld-linux-x86-64.so.2"
 # ksmbd.ko, the NLS table it converts names with, and the algorithms it allocates by name
 # (signing: cmac(aes), hmac(sha256); encryption: ccm(aes), gcm(aes); NTLM: md4, md5; pre-auth:
 # sha512). Those built in (aes, hmac, md5, sha256) are not modules.
 MODULES = ("ksmbd", "nls_utf8", "cmac", "ccm", "gcm", "ctr", "ghash_generic", "md4", "sha512_generic", "ecb")
+PROGRAM = "usr/libexec/ksmbd.tools"
 SBIN = ("ksmbd.mountd", "ksmbd.adduser", "ksmbd.control", "ksmbd.addshare")
 UP = Path(__file__).with_name("ksmbd-up.sh")
 
@@ -44,47 +43,18 @@ def kernel():
     return next(d for d in depends(meta, version) if d.startswith("linux-image-"))
 
 
-def needed(binary):
-    """Sonames `binary` asks the loader for."""
-    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", run("readelf", "-d", str(binary)))
-
-
 def userland():
-    """Cached directory: ksmbd.tools and lib/, the closure of the libraries it needs, with the loader."""
+    """Cached tree: ksmbd.tools and the closure of the libraries it needs (build.userland)."""
     packages = [newest(TOOLS)] + [resolve(p) for p in LIBRARY_PACKAGES]
-
-    def make(out, root):
-        for name, version in packages:
-            fetch(name, version, root)
-        (out / "ksmbd.tools").write_bytes((root / "usr/libexec/ksmbd.tools").read_bytes())
-        (out / "lib").mkdir()
-
-        def locate(soname):
-            return next(p for d in LIBDIRS if (p := root / d / soname).exists())
-
-        found = {LOADER: locate(LOADER)}
-        wanted = [out / "ksmbd.tools", found[LOADER]]
-        while wanted:
-            for soname in needed(wanted.pop()):
-                if soname not in found:
-                    found[soname] = locate(soname)
-                    wanted.append(found[soname])
-        for soname, path in found.items():
-            (out / "lib" / soname).write_bytes(path.read_bytes())
-
     key = "_".join(f"{n}-{v}" for n, v in packages[:2])
-    return cached(f"ksmbd-userland_{key}", make)
+    return build.userland(f"ksmbd-tree_{key}", packages, [PROGRAM])
 
 
 def entries():
     """initramfs entries of ksmbd's user space: ksmbd.tools under each name it answers to, its
     libraries where the loader looks, the loader where the binary names it, and ksmbd-up."""
-    tools = userland()
-    parts = [cpio_entry(d, 0o040755) for d in ("lib/x86_64-linux-gnu", "lib64", "etc", "etc/ksmbd", "run")]
-    parts.append(cpio_entry("bin/ksmbd.tools", 0o100755, (tools / "ksmbd.tools").read_bytes()))
-    parts += [cpio_entry(f"bin/{name}", 0o120777, b"ksmbd.tools") for name in SBIN]
-    for lib in sorted((tools / "lib").iterdir()):
-        parts.append(cpio_entry(f"lib/x86_64-linux-gnu/{lib.name}", 0o100755, lib.read_bytes()))
-    parts.append(cpio_entry(f"lib64/{LOADER}", 0o120777, f"/lib/x86_64-linux-gnu/{LOADER}".encode()))
+    parts = build.userland_entries(userland())
+    parts += [cpio_entry(d, 0o040755) for d in ("etc", "etc/ksmbd", "run")]
+    parts += [cpio_entry(f"bin/{name}", 0o120777, f"/{PROGRAM}".encode()) for name in SBIN]
     parts.append(cpio_entry("bin/ksmbd-up", 0o100755, UP.read_bytes()))
     return parts
