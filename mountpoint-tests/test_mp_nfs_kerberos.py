@@ -215,7 +215,7 @@ def test_contexts_are_set_up_again_after_a_server_restart(lab, realm, tmp_path, 
 
 def user_reads(lab, user):
     """``user``'s cat of a file root wrote through a new sec=krb5 mount (its CompletedProcess)."""
-    url, _ = fresh_dir(lab)
+    url, _ = lab.fresh_dir()
     with offloadfs_mount(url, options=["sec=krb5", "allow_other"]) as mnt:
         (mnt / "root").write_bytes(b"root's")
         return subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
@@ -272,7 +272,7 @@ def test_cruid_finds_that_users_ticket_where_sssd_puts_it(lab, realm, tmp_path, 
     user = user_caches
     monkeypatch.setenv("KRB5CCNAME", f"FILE:{tmp_path / 'none'}")  # the caller's own: no ticket
     give_ticket(realm, user, f"/tmp/krb5cc_{user.pw_uid}_abc123")
-    url, backing = fresh_dir(lab)
+    url, backing = lab.fresh_dir()
     with offloadfs_mount(url, options=["sec=krb5", f"cruid={user.pw_uid}"]) as mnt:
         (mnt / "f").write_bytes(b"as that user")
     assert (backing / "f").read_bytes() == b"as that user"
@@ -283,6 +283,6 @@ def test_cruid_never_takes_a_cache_not_of_that_user(lab, realm, tmp_path, monkey
     uid = user_caches.pw_uid
     realm.kinit(f"/tmp/krb5cc_{uid}")
     monkeypatch.setenv("KRB5CCNAME", f"FILE:{tmp_path / 'none'}")
-    url, _ = fresh_dir(lab)
+    url, _ = lab.fresh_dir()
     line = mount_fails(url, ["sec=krb5", f"cruid={uid}"])
     assert f"cruid={uid}: /tmp/krb5cc_{uid} belongs to uid 0, not to the user" in line, line
