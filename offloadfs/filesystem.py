@@ -766,20 +766,25 @@ class Filesystem(Operations):
     def _lease_broken(self, source, node):
         """A backend's promise on ``node``'s file ended (Leases.on_break): another client is about to
         change it.  The kernel drops its pages and attributes now, not at the next open, and what
-        recognition remembers of it is found no more.  A directory's: see _dir_lease_broken."""
+        recognition remembers of it is found no more.  Returns the events set once the kernel has
+        dropped them (a backend that can, gives the promise back after).  A directory's: see
+        _dir_lease_broken."""
         leased = self._leased_dirs.pop((source.index, node), None)
         if leased is not None:
             self._dir_lease_broken(leased)
-            return
+            return []
         held = {h.inode.nodeid: h.inode for h in self.handles.values()
                 if h.inode.node is node and h.inode.source is source}
+        dropped = []
         for inode in held.values():
             inode.lease = None
             self.cache.drop(inode)
             if self.recogniser is not None:
                 self.recogniser.served.now_at(inode.key, None)
             if self.kernel is not None:
-                trio.lowlevel.spawn_system_task(self._invalidate, inode.nodeid)
+                dropped.append(trio.Event())
+                trio.lowlevel.spawn_system_task(self._invalidate, inode.nodeid, 0, -1, dropped[-1])
+        return dropped
 
     def _dir_held(self, inode):
         """True while the listing of the directory ``inode`` is under a lease that has held without a gap
@@ -816,13 +821,17 @@ class Filesystem(Operations):
                     trio.lowlevel.spawn_system_task(self._invalidate, inode.nodeid, -1, 0)
         dir.vouched = None
 
-    async def _invalidate(self, nodeid, offset=0, length=-1):
+    async def _invalidate(self, nodeid, offset=0, length=-1, done=None):
         """Drop the kernel's pages and attributes of ``nodeid`` (offset -1: its attributes alone): from a
-        thread, since the kernel waits for the reads under way on them, which this thread answers."""
+        thread, since the kernel waits for the reads under way on them, which this thread answers.
+        ``done``, an event, is set once it is over."""
         try:
             await trio.to_thread.run_sync(self.kernel.notify_inval_inode, nodeid, offset, length)
         except OSError as e:
             log.debug("invalidating node %d: %s", nodeid, e)  # the kernel forgot it meanwhile
+        finally:
+            if done is not None:
+                done.set()
 
     def _checked_by_open(self, inode):
         """True if the open of ``inode`` itself checks the one name the kernel holds for it (see

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import trio
 
+from offloadfs.backends import base
 from offloadfs.backends.nfs import delegations
 from offloadfs.backends.nfs.backend import Node
 from offloadfs.backends.nfs.delegations import Delegations
@@ -28,6 +29,9 @@ class FakeClient:
     async def delegreturn(self, stateid, fh):
         self.returned.append((stateid, fh))
 
+    def spawn(self, fn, *args):
+        self.nursery.start_soon(fn, *args)
+
 
 def held(n=1):
     client, ended = FakeClient(), []
@@ -44,6 +48,45 @@ def test_a_grant_is_held_until_recalled_and_then_given_back():
     d.recalled(sid(0), node.fh)
     assert d.caching(node.fh, 101.0) is None
     assert ended == [node] and client.returned == [(sid(0), node.fh)]
+
+
+def test_a_recall_is_given_back_once_the_kernel_dropped_the_file():
+    """The server lets the writer it holds back go on at our DELEGRETURN: pages the kernel read ahead
+    under the delegation must be gone by then, or a read() after that write gets the old bytes."""
+    client, node = FakeClient(), Node(b"fh", 0o100000)
+    dropped = []
+
+    def ended(node):
+        dropped.append(trio.Event())
+        return dropped
+
+    async def main():
+        async with trio.open_nursery() as client.nursery:
+            d = Delegations(client)
+            d.granted(node, sid(0), ended)
+            d.recalled(sid(0), node.fh)
+            await trio.sleep(1)
+            assert client.returned == []  # the kernel still holds the pages
+            dropped[0].set()
+            await trio.sleep(0.01)
+            assert client.returned == [(sid(0), node.fh)]
+
+    trio.run(main)
+
+
+def test_a_recall_waits_for_the_kernel_a_bounded_time(monkeypatch):
+    monkeypatch.setattr(base, "DROP_BOUND", 0.2)
+    client, node = FakeClient(), Node(b"fh", 0o100000)
+
+    async def main():
+        async with trio.open_nursery() as client.nursery:
+            d = Delegations(client)
+            d.granted(node, sid(0), lambda n: [trio.Event()])  # never set
+            d.recalled(sid(0), node.fh)
+            await trio.sleep(0.5)
+            assert client.returned == [(sid(0), node.fh)]
+
+    trio.run(main)
 
 
 def test_a_recall_before_its_grant_is_seen_keeps_nothing():

@@ -4,7 +4,10 @@ Breaks and open replies reach the lease by different paths (a break from the
 receive worker at once, a reply once its task runs), so each case here is an
 order the two may come in.
 """
+import functools
 from types import SimpleNamespace
+
+import trio
 
 from offloadfs.backends.smb import leases, messages as m, wire
 
@@ -111,3 +114,29 @@ def test_our_last_close_ends_the_lease_quietly_and_a_new_connection_loudly():
 def test_epochs_wrap():
     assert leases._newer(0, 0xFFFF) and leases._newer(5, 3) and not leases._newer(3, 5)
     assert not leases._newer(7, 7)
+
+
+def test_a_break_is_acknowledged_once_the_kernel_dropped_the_file():
+    """The other client's open goes on at our acknowledgment: pages the kernel read ahead under the
+    lease must be gone by then, or a read() after that client's write gets the old bytes."""
+    lease, backend, _ = held()
+    dropped, sent = trio.Event(), []
+    backend._lease_broken = lambda node: [dropped]
+    backend._deferred_broken = lambda node: None
+
+    async def send(messages, generation, uid):
+        sent.append(messages)
+
+    backend._send = send
+    listener = SimpleNamespace(generation=1, leases={lease.key: lease}, client=SimpleNamespace(where="server"))
+    listener._acknowledge = functools.partial(leases.Listener._acknowledge, listener)
+
+    async def main():
+        leases.Listener._broken(listener, wire.LeaseBreak(2, True, lease.key, RH, 0))
+        await trio.sleep(0.5)
+        assert sent == []  # the kernel still holds the pages
+        dropped.set()
+        await trio.sleep(0.01)
+        assert len(sent) == 1
+
+    trio.run(main)

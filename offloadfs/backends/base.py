@@ -20,7 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Hashable, Protocol, runtime_checkable
 
+import trio
+
 GROUPS_MAX = 16  # what AUTH_SYS carries
+DROP_BOUND = 5.0  # seconds a promise given up waits for the kernel to drop the file (Leases.on_break)
 GROUPS_TTL = 1.0  # seconds a process's groups read from /proc serve its next requests
 # A time setattr sets to "now" (touch): the source's own clock where it has one, since servers let
 # anyone who may write set that (NFS SET_TO_SERVER_TIME4) but only the owner an explicit time.
@@ -274,13 +277,24 @@ class Allocate(Protocol):
     async def allocate(self, file, mode, offset, length) -> None: ...
 
 
+async def dropped(events):
+    """Wait for ``events``, those a Leases.on_break callback returned, DROP_BOUND at most: the server
+    lets the other client's change go on once we give the promise up, so the kernel must have dropped
+    the pages it read ahead under it first, else a read() after that change gets the bytes from before."""
+    with trio.move_on_after(DROP_BOUND):
+        for event in events:
+            await event.wait()
+
+
 @runtime_checkable
 class Leases(Protocol):
     """The server says before another client changes a file we hold (SMB leases with read caching).
 
     ``caching(node)``: while such a promise is held on the file, a value that stays the same for as long
     as it is held without a gap; else None.  ``on_break(callback)``: ``callback(node)`` in the trio thread
-    whenever one held ends other than by our own close (the file may change from now on).  On a
+    whenever one held ends other than by our own close (the file may change from now on); it returns
+    the trio.Events set once the kernel has dropped what it held of the file, which a backend that
+    can hold the other client back (an NFS recall) waits for before it gives the promise up.  On a
     directory (SMB3 directory leases) the promise covers its names, and its end is told at our own
     close too: a listing and the names it lacks are kept for as long as it holds (cache.DirCache).
     """

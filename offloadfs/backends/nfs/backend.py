@@ -219,7 +219,8 @@ class NFSBackend(Backend):
 
     def _delegation_ended(self, node):
         if self._on_break is not None:
-            self._on_break(node)
+            return self._on_break(node)
+        return ()
 
     def _new_file(self, node, flags):
         return File(node, _access(flags), b"offloadfs-open-%d" % next(self._owners))

@@ -24,6 +24,8 @@ import logging
 
 import trio
 
+from .. import base
+
 log = logging.getLogger(__name__)
 
 HELD_MAX = 1024  # delegations kept at once; the oldest is given back first
@@ -40,7 +42,7 @@ class Delegation:
     def __init__(self, stateid, node, ended, generation):
         self.stateid = stateid
         self.node = node
-        self.ended = ended  # ended(node): the backend's Leases.on_break callback
+        self.ended = ended  # ended(node): the backend's Leases.on_break callback; the events it returns: see recalled
         self.generation = generation  # the client's, when granted
 
 
@@ -84,16 +86,27 @@ class Delegations:
             await self.client.delegreturn(d.stateid, fh)
 
     def recalled(self, stateid, fh):
-        """CB_RECALL: the server wants it back. Must not block (the reader that answers the call runs it)."""
+        """CB_RECALL: the server wants it back. Must not block (the reader that answers the call runs it).
+
+        The writer the server holds back goes on once we give it back: the give-back waits for
+        the kernel to drop the file first (base.dropped, the events ``ended`` returns)."""
         d = self.held.get(fh)
+        dropped = ()
         if d is not None and d.stateid[4:] == stateid[4:]:
             del self.held[fh]
-            d.ended(d.node)
+            dropped = d.ended(d.node) or ()
         else:
             self._recalled[stateid[4:]] = None
             if len(self._recalled) > RECALLED_KEPT:
                 self._recalled.popitem(last=False)
-        self.client.return_delegation(stateid, fh)
+        if dropped:
+            self.client.spawn(self._give_back_once, dropped, stateid, fh)
+        else:
+            self.client.return_delegation(stateid, fh)
+
+    async def _give_back_once(self, dropped, stateid, fh):
+        await base.dropped(dropped)
+        await self.client.delegreturn(stateid, fh)
 
     async def return_all(self):
         """At unmount: give every delegation back.  A server recalls a delegation from a client that

@@ -103,8 +103,10 @@ class Capabilities:
         self._on_break = callback
 
     def _lease_broken(self, node):
+        """The events of on_break's callback (base.dropped)."""
         if self._on_break is not None and node is not None:
-            self._on_break(node)
+            return self._on_break(node) or ()
+        return ()
 
     def _lease_of(self, node):
         """The lease ``node``'s opens name (a fresh one where there is no node yet)."""

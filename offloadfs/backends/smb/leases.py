@@ -31,6 +31,7 @@ import uuid
 import trio
 from smbprotocol.header import Commands, SMB2HeaderRequest
 
+from .. import base
 from . import messages as m, wire
 
 log = logging.getLogger(__name__)
@@ -74,13 +75,16 @@ class Lease:
         return m.lease(self.key, ASKED, v2, parent)
 
     def _set(self, state, epoch, continuous, notify=True):
-        """The lease holds ``state`` now; ``continuous``: no change we did not hear of came between."""
+        """The lease holds ``state`` now; ``continuous``: no change we did not hear of came between.
+        Returns the events of the break callback, if it was told (base.dropped)."""
         held = self.state & m.LEASE_READ
+        dropped = ()
         if not (held and continuous and state & m.LEASE_READ):
             self.period += 1
             if held and notify:
-                self.backend._lease_broken(self.node)
+                dropped = self.backend._lease_broken(self.node)
         self.state, self.epoch = state, epoch
+        return dropped
 
     def granted(self, got, seen):
         """An open sent when ``changes`` was ``seen`` came back with the lease context ``got`` (None: no lease)."""
@@ -100,10 +104,11 @@ class Lease:
         self.opens += 1
 
     def broken(self, brk):
-        """A break to ``brk.new``: never more than that from now on."""
+        """A break to ``brk.new``: never more than that from now on.  Returns what to wait for before
+        acknowledging it (base.dropped)."""
         self.changes += 1
         epoch = brk.epoch if _newer(brk.epoch, self.epoch) else self.epoch
-        self._set(self.state & brk.new, epoch, True)
+        return self._set(self.state & brk.new, epoch, True)
 
     def changed(self):
         """A directory's watch told of a change in it (SMBBackend._watch), which may break no lease (a program
@@ -205,18 +210,20 @@ class Listener:
         lease = self.leases.get(brk.key)
         if lease is None:
             return  # its last handle was closed meanwhile, which ends it
-        if brk.ack_required:
-            trio.lowlevel.spawn_system_task(self._acknowledge, lease, brk.new)
         if lease.directory:
             lease.backend.dir_lease_breaks += 1
+        dropped = ()
         try:
-            lease.broken(brk)
+            dropped = lease.broken(brk) or ()
             if lease.node is not None:
                 lease.backend._deferred_broken(lease.node)  # a handle kept open past its release closes
         except Exception:
             log.exception("%s: a lease break's callback failed", self.client.where)
+        if brk.ack_required:  # the other client's open goes on at our answer: the kernel drops the file first
+            trio.lowlevel.spawn_system_task(self._acknowledge, lease, brk.new, dropped)
 
-    async def _acknowledge(self, lease, state):
+    async def _acknowledge(self, lease, state, dropped):
+        await base.dropped(dropped)
         try:
             # In the mount's session: the server keys leases by connection (client GUID), not session.
             await lease.backend._send([m.lease_break_ack(lease.key, state)], self.generation, None)
