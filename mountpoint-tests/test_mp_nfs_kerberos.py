@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from mpkit import MiB, sh, sha256, write_file
+from mpkit import MiB, sh
 from nfskit import VIEW_OPTIONS
 from test_mp_kerberos import FAKETIME, MISSING, SHORTEST_TICKET, lab_user, mount_fails  # noqa: F401 (a fixture)
 from test_mp_random_data import random_run
@@ -28,7 +28,6 @@ from test_mp_random_data import random_run
 from offloadfs.lab.addc import nfs_kerberos_lab
 from offloadfs.lab.mount import offloadfs_mount, status
 from offloadfs.lab.nfsd import ksmbd, nfsd_lab
-from offloadfs.lab.nfsd.krb5 import secinfo
 from offloadfs.lab.samba import USER as LAB_USER
 from offloadfs.lab.samba import ensure_user
 
@@ -288,41 +287,3 @@ def test_cruid_never_takes_a_cache_not_of_that_user(lab, realm, tmp_path, monkey
     line = mount_fails(url, ["sec=krb5", f"cruid={uid}"])
     assert f"cruid={uid}: /tmp/krb5cc_{uid} belongs to uid 0, not to the user" in line, line
 
-
-@pytest.fixture(scope="module")
-def ssc_lab():
-    """Two nfsd guests that copy between each other, their exports taking AUTH_SYS and krb5."""
-    with contextlib.ExitStack() as stack:
-        try:
-            lab = stack.enter_context(nfsd_lab(guests=2, ssc=True, sectypes=("sys", "krb5")))
-        except RuntimeError as e:  # no apt, no compiler, the nfsd build failed, a guest did not boot
-            pytest.skip(f"no nfsd guests with inter-server copy: {e}")
-        yield lab
-
-
-def copied(mnt, source, target):
-    """cp ``source`` to ``target`` in ``mnt``: the bytes each way of copying moved, errors, and the digest."""
-    before = status(mnt)["counters"]
-    sh("cp", source, target)
-    after = status(mnt)["counters"]
-    moved = {how: after["copy_bytes"][how] - before["copy_bytes"][how] for how in after["copy_bytes"]}
-    return moved, after["copy_errors"] - before["copy_errors"], sha256(target)
-
-
-def test_an_inter_server_copy_under_krb5_needs_a_source_that_takes_sys(ssc_lab, tmp_path, monkeypatch):
-    """Issue #32: COPY_NOTIFY and COPY go under the caller's krb5 context, but the destination's nfsd pulls
-    the source with its own client at sec=sys (hard-coded).  A source export that takes AUTH_SYS too is
-    copied server to server; one that takes krb5 alone refuses the pull, and the mount streams, byte-exact."""
-    monkeypatch.setenv("KRB5_CONFIG", str(ssc_lab.realm.krb5_conf))
-    with_ticket(ssc_lab.realm, tmp_path, monkeypatch)
-    a, b = ssc_lab.guests
-    urls = {"a": f"nfs://{a.host}{a.export}", "b": f"nfs://{b.host}{b.export}"}
-    size = 16 * MiB
-    with offloadfs_mount(urls, options=["sec=krb5", "offload=always"]) as mnt:
-        digest = write_file(mnt / "a" / "src", size)
-        moved, errors, got = copied(mnt, mnt / "a" / "src", mnt / "b" / "pulled")
-        assert (moved["inter_server_copy"], moved["stream"], errors, got) == (size, 0, 0, digest)
-        status_, out = a.run(f"sec={secinfo(['krb5'])} nfsd-up")  # A's /export takes krb5 alone from now on
-        assert status_ == 0, out
-        moved, errors, got = copied(mnt, mnt / "a" / "src", mnt / "b" / "streamed")
-        assert (moved["inter_server_copy"], moved["stream"], errors, got) == (0, size, 0, digest)
