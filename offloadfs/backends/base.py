@@ -23,8 +23,8 @@ from typing import Hashable, Protocol, runtime_checkable
 import trio
 
 GROUPS_MAX = 16  # what AUTH_SYS carries
-DROP_BOUND = 5.0  # seconds a promise given up waits for the kernel to drop the file (Leases.on_break)
 GROUPS_TTL = 1.0  # seconds a process's groups read from /proc serve its next requests
+DROP_BOUND = 5.0  # seconds a promise given up waits for the kernel to drop the file (Leases.on_break)
 # A time setattr sets to "now" (touch): the source's own clock where it has one, since servers let
 # anyone who may write set that (NFS SET_TO_SERVER_TIME4) but only the owner an explicit time.
 # The value of fuse.operations.NOW, so the filesystem passes the kernel's times through.
@@ -293,8 +293,8 @@ class Leases(Protocol):
     ``caching(node)``: while such a promise is held on the file, a value that stays the same for as long
     as it is held without a gap; else None.  ``on_break(callback)``: ``callback(node)`` in the trio thread
     whenever one held ends other than by our own close (the file may change from now on); it returns
-    the trio.Events set once the kernel has dropped what it held of the file, which a backend that
-    can hold the other client back (an NFS recall) waits for before it gives the promise up.  On a
+    the trio.Events set once the kernel has dropped what it held of the file, which a backend
+    waits for before it gives the promise up (DELEGRETURN, a lease break's acknowledgment).  On a
     directory (SMB3 directory leases) the promise covers its names, and its end is told at our own
     close too: a listing and the names it lacks are kept for as long as it holds (cache.DirCache).
     """

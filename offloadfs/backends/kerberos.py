@@ -24,6 +24,7 @@ tells the user what to do.
 import ctypes
 import ctypes.util
 import errno
+import functools
 import importlib.util
 import os
 import pwd
@@ -117,12 +118,12 @@ def user_cache(uid):
     best = configured and attempt(configured)
     if best:
         return best
-    for found in filter(None, map(attempt, scan(uid))):
-        keep, drop = (found, best) if best is None or found.ends > best.ends else (best, found)
-        if drop is not None:
-            drop.__exit__()
-        best = keep
-    if best is not None:
+    found = [cache for cache in map(attempt, scan(uid)) if cache is not None]
+    if found:
+        best = max(found, key=lambda cache: cache.ends)
+        for other in found:
+            if other is not best:
+                other.__exit__()
         return best
     if rejected:
         raise NoCache("; ".join(dict.fromkeys(rejected)))  # a configured cache in CACHE_DIR is tried twice
@@ -149,10 +150,16 @@ def expand(template, uid):
     return re.sub(r"%\{([^}]*)\}", lambda m: TOKENS[m.group(1)](uid), template)
 
 
+@functools.cache
+def _libkrb5():
+    """MIT's libkrb5, loaded once: find_library runs ldconfig in a child process each time."""
+    return ctypes.CDLL(ctypes.util.find_library("krb5"))
+
+
 def default_ccache_name():
     """[libdefaults] default_ccache_name as krb5.conf says it (KRB5_CONFIG, its includes), tokens
     unexpanded, or None; read through MIT's own profile library, which pykrb5 does not offer."""
-    lib = ctypes.CDLL(ctypes.util.find_library("krb5"))
+    lib = _libkrb5()
     context, profile, value = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
     if lib.krb5_init_context(ctypes.byref(context)):
         return None
