@@ -55,6 +55,7 @@ CACHE = Path("/var/cache/offloadfs-lab")
 # smbd asks winbindd for the unix ids of domain users at the socket path compiled into libwbclient
 # (/run/samba/winbindd; neither smb.conf nor the environment moves it): one DC per machine at a time.
 ONE_AT_A_TIME = "/run/lock/offloadfs-addc.lock"
+_HELD = []  # the DCs this process runs (domain_controller): at most one
 KDC_PORT = 88
 SMB_PORT = 445
 
@@ -205,12 +206,20 @@ def add_alias(net):
     return alias
 
 
+class SecondDomainController(Exception):
+    """A DC asked for while this process runs one: it would wait on its own lock for ever."""
+
+
 @contextlib.contextmanager
 def domain_controller(shares, net, nfs_hosts=(), multiuser=False):
     """Yield a running DomainController in lab Namespace ``net`` exporting shares {name: (path, kind)};
     waits for one that another run holds to stop (see ONE_AT_A_TIME).  For each address in ``nfs_hosts``
     the machine account also gets nfs/ADDRESS, whose keys go to ``nfs_keytab`` for the NFS servers there.
-    ``multiuser``: see the module."""
+    ``multiuser``: see the module.  SecondDomainController while this process runs one already (a test
+    module's lab still up): the lock would make it wait for itself.  Not a RuntimeError, which labs that
+    cannot start turn into a skip."""
+    if _HELD:
+        raise SecondDomainController(f"a Samba AD DC already runs in this process ({_HELD[0]}): one at a time")
     shares = {name: Share(name, Path(path), kind) for name, (path, kind) in shares.items()}
     tree = provisioned()
     with open(ONE_AT_A_TIME, "w") as lock, tempfile.TemporaryDirectory(prefix="offloadfs-addc-") as tmp:
@@ -231,8 +240,12 @@ def domain_controller(shares, net, nfs_hosts=(), multiuser=False):
             run("samba-tool", "domain", "exportkeytab", str(server.nfs_keytab), f"--principal={nfs_principal}", conf)
         server.alias = alias
         server.users = users
-        with server.running():
-            yield server
+        _HELD.append(net.server_addr)
+        try:
+            with server.running():
+                yield server
+        finally:
+            _HELD.remove(net.server_addr)
 
 
 @contextlib.contextmanager
